@@ -1,0 +1,70 @@
+"""Tree attention behind one seam.
+
+    PackedBatch (packer) --prepare_attention--> AttentionMetadata --tree_attention--> [T, Hq, d]
+
+Every content's token tree occupies its own span of the packed stream, aligned to
+ROW_CHUNK. Inside a span a token sees its ancestors and itself (the tree mask); nothing
+crosses spans. On CPU each span runs its own SDPA with a boolean mask, so a content's
+attention has the same shapes whatever it is packed with (batch invariance). On CUDA the
+same mask becomes a flex_attention block mask (the GPU issue builds that path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class TreeSpan:
+    start: int  # first row in the packed stream (a multiple of ROW_CHUNK)
+    mask: torch.Tensor  # [n, n] bool: row may attend to column (ancestor or self); pads see themselves
+    positions: torch.Tensor  # [n] depth of each token in its tree (pads: 0)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.mask.shape[0]
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    spans: list[TreeSpan]  # one per tree, in stream order, covering the whole stream
+    block_mask: object | None = None  # flex_attention BlockMask on CUDA, None on CPU
+
+
+def span_mask(span: TreeSpan, sliding_window: int | None) -> torch.Tensor:
+    """The span's tree mask, narrowed to keys less than `sliding_window` positions back."""
+    if sliding_window is None:
+        return span.mask
+    distance = span.positions[:, None] - span.positions[None, :]  # [n, n]
+    return span.mask & (distance < sliding_window)
+
+
+def tree_attention(
+    q: torch.Tensor,  # [T, Hq, d]
+    k: torch.Tensor,  # [T, Hkv, d]
+    v: torch.Tensor,  # [T, Hkv, d]
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [T, Hq, d]
+    out = torch.empty_like(q)
+    for span in meta.spans:
+        rows = slice(span.start, span.start + span.num_tokens)
+        mask = span_mask(span, sliding_window)
+        out[rows] = _sdpa(q[rows], k[rows], v[rows], mask, scale)
+    return out
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [n, Hq, d], k/v: [n, Hkv, d], mask: [n, n] -> [n, Hq, d]."""
+    num_groups = q.shape[1] // k.shape[1]
+    if num_groups > 1:
+        k = k.repeat_interleave(num_groups, dim=1)
+        v = v.repeat_interleave(num_groups, dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    )  # [Hq, n, d]
+    return out.transpose(0, 1)
