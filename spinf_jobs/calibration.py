@@ -1,0 +1,335 @@
+"""Calibration maps and the metrics that judge them (numpy only).
+
+    raw scores p (a probability the engine gave, one per labelled row) + labels y in {0, 1}
+      --fit_temperature / fit_platt / fit_isotonic (on the fit rows)--> Calibrator
+      --Calibrator.apply(p_held_out)--> calibrated_p
+      --binary_metrics(calibrated_p, y_held_out)--> accuracy, auc, ece, brier, log_loss
+
+Every map works on the logit z = log(p / (1 - p)) of a probability:
+- temperature: p' = sigmoid(z / T). T > 0, so the side of 0.5 (the argmax of a two-way
+  question) never changes and ranks never change.
+- platt: p' = sigmoid(a * z + b). Monotone (a >= 0 is enforced), but b can move rows
+  across 0.5: the report counts how often it did.
+- isotonic: pool-adjacent-violators on p, then linear interpolation between the pooled
+  block centres: monotone non-decreasing, can create ties and move rows across 0.5.
+Our own small implementations; no scikit-learn.
+
+ECE (expected calibration error), as used everywhere in this project: 10 equal-width bins
+on the predicted probability of the positive class, [0, 0.1), [0.1, 0.2), ..., [0.9, 1.0];
+ECE = sum over non-empty bins of (rows in bin / rows) * |mean(y in bin) - mean(p in bin)|.
+For several classes (`multiclass_metrics`) the same bins are applied to the top-class
+confidence against whether the top class was right.
+Log-loss clips p to [1e-12, 1 - 1e-12] so a confident mistake costs about 27.6, not infinity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NUM_ECE_BINS = 10
+EPS = 1e-12  # probability clip for logits and log-loss
+METHODS = ("identity", "temperature", "platt", "isotonic")
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=np.float64), EPS, 1.0 - EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    return 0.5 * (1.0 + np.tanh(0.5 * z))  # tanh form: no overflow warnings for large |z|
+
+
+@dataclass(slots=True)
+class Calibrator:
+    """A fitted map from a raw probability to a calibrated one."""
+
+    method: str  # one of METHODS
+    params: dict[str, float | list[float]] = field(default_factory=dict)
+
+    def apply(self, p: np.ndarray | list[float] | float) -> np.ndarray:
+        p = np.asarray(p, dtype=np.float64)
+        if self.method == "identity":
+            return p.copy()
+        if self.method == "temperature":
+            return sigmoid(logit(p) / float(self.params["temperature"]))
+        if self.method == "platt":
+            return sigmoid(float(self.params["a"]) * logit(p) + float(self.params["b"]))
+        if self.method == "isotonic":
+            return np.interp(p, np.asarray(self.params["x"]), np.asarray(self.params["y"]))
+        raise ValueError(f"unknown calibration method {self.method!r}; expected one of {METHODS}")
+
+
+# ---- fitting ---------------------------------------------------------------------------
+
+
+def _nll(p: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(p, EPS, 1.0 - EPS)
+    return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+def fit_temperature(p: np.ndarray, y: np.ndarray, *, min_log_t: float = -4.0, max_log_t: float = 4.0) -> Calibrator:
+    """T minimising log-loss, by golden-section search over log T (the loss is unimodal in it)."""
+    z, y = logit(p), np.asarray(y, dtype=np.float64)
+    lo, hi = min_log_t, max_log_t
+    ratio = (np.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(100):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if _nll(sigmoid(z / np.exp(a)), y) < _nll(sigmoid(z / np.exp(b)), y):
+            hi = b
+        else:
+            lo = a
+    return Calibrator("temperature", {"temperature": float(np.exp((lo + hi) / 2.0))})
+
+
+def fit_platt(p: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, num_steps: int = 50) -> Calibrator:
+    """Logistic regression of y on logit(p) with a bias, by Newton steps (2 parameters).
+
+    A tiny L2 penalty keeps the fit finite when the fit rows are perfectly separable.
+    """
+    z, y = logit(p), np.asarray(y, dtype=np.float64)
+    x = np.stack([z, np.ones_like(z)], axis=1)  # [N, 2]
+
+    def loss(w: np.ndarray) -> float:
+        return _nll(sigmoid(x @ w), y) + 0.5 * l2 * float(w @ w)
+
+    w = np.zeros(2)
+    for _ in range(num_steps):
+        q = sigmoid(x @ w)
+        grad = x.T @ (q - y) / len(y) + l2 * w
+        hess = (x.T * (q * (1.0 - q))) @ x / len(y) + l2 * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        scale = 1.0
+        while loss(w - scale * step) > loss(w) and scale > 1e-6:  # damped: saturated rows overshoot
+            scale /= 2.0
+        w -= scale * step
+        if np.max(np.abs(scale * step)) < 1e-10:
+            break
+    a = max(float(w[0]), 0.0)  # a negative slope would invert the question: refuse it
+    return Calibrator("platt", {"a": a, "b": float(w[1])})
+
+
+def pool_adjacent_violators(y: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Non-decreasing least-squares fit of y (already in x order): block means, weights, sizes.
+
+    Blocks are maximal: neighbours with equal means are pooled as well.
+    """
+    means: list[float] = []
+    block_weights: list[float] = []
+    sizes: list[int] = []
+    for value, weight in zip(y.tolist(), weights.tolist(), strict=True):
+        means.append(value)
+        block_weights.append(weight)
+        sizes.append(1)
+        # merge violators, and equal neighbours too: blocks come out strictly increasing
+        while len(means) > 1 and means[-2] >= means[-1]:
+            total = block_weights[-2] + block_weights[-1]
+            merged = (means[-2] * block_weights[-2] + means[-1] * block_weights[-1]) / total
+            means[-2:] = [merged]
+            block_weights[-2:] = [total]
+            sizes[-2:] = [sizes[-2] + sizes[-1]]
+    return np.array(means), np.array(block_weights), sizes
+
+
+def fit_isotonic(p: np.ndarray, y: np.ndarray, *, prior_weight: float = 1.0) -> Calibrator:
+    """Isotonic regression of y on p, kept as interpolation knots (x, y).
+
+    Rows with equal p are pooled first. `prior_weight` pseudo-rows at the overall base rate
+    are mixed into each block mean, so a block of 1-2 rows does not map to exactly 0 or 1.
+    """
+    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    order = np.argsort(p, kind="stable")
+    unique_p, inverse = np.unique(p[order], return_inverse=True)
+    counts = np.bincount(inverse).astype(np.float64)
+    sums = np.bincount(inverse, weights=y[order])
+    means, weights, sizes = pool_adjacent_violators(sums / counts, counts)
+    base_rate = float(y.mean())
+    smoothed = (means * weights + prior_weight * base_rate) / (weights + prior_weight)
+    knots_x, knots_y, start = [], [], 0
+    for mean, size in zip(smoothed.tolist(), sizes, strict=True):
+        block = unique_p[start : start + size]
+        knots_x.append(float(block.mean()))  # the block centre: interpolation keeps ranks between blocks
+        knots_y.append(mean)
+        start += size
+    knots_y = np.maximum.accumulate(np.array(knots_y)).tolist()  # smoothing can break ties' order
+    return Calibrator("isotonic", {"x": knots_x, "y": knots_y})
+
+
+def fit(method: str, p: np.ndarray, y: np.ndarray) -> Calibrator:
+    if method == "identity":
+        return Calibrator("identity")
+    if method == "temperature":
+        return fit_temperature(p, y)
+    if method == "platt":
+        return fit_platt(p, y)
+    if method == "isotonic":
+        return fit_isotonic(p, y)
+    raise ValueError(f"unknown calibration method {method!r}; expected one of {METHODS}")
+
+
+# ---- metrics ---------------------------------------------------------------------------
+
+
+def auc(scores: np.ndarray, y: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); nan if one class."""
+    scores, y = np.asarray(scores, dtype=np.float64), np.asarray(y) > 0.5
+    num_pos, num_neg = int(y.sum()), int((~y).sum())
+    if num_pos == 0 or num_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="stable")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    start = 0
+    while start < len(scores):  # average ranks over runs of equal scores
+        end = start
+        while end + 1 < len(scores) and sorted_scores[end + 1] == sorted_scores[start]:
+            end += 1
+        ranks[order[start : end + 1]] = (start + end) / 2.0 + 1.0
+        start = end + 1
+    return float((ranks[y].sum() - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
+
+
+def ece(p: np.ndarray, y: np.ndarray, *, num_bins: int = NUM_ECE_BINS) -> float:
+    """Expected calibration error with equal-width bins (see the module docstring)."""
+    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    bins = np.minimum((p * num_bins).astype(int), num_bins - 1)
+    total = 0.0
+    for b in range(num_bins):
+        in_bin = bins == b
+        if in_bin.any():
+            total += in_bin.mean() * abs(y[in_bin].mean() - p[in_bin].mean())
+    return float(total)
+
+
+def reliability_bins(p: np.ndarray, y: np.ndarray, *, num_bins: int = NUM_ECE_BINS) -> list[dict[str, float]]:
+    """Per non-empty bin: its range, row count, mean prediction and observed rate."""
+    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    bins = np.minimum((p * num_bins).astype(int), num_bins - 1)
+    rows = []
+    for b in range(num_bins):
+        in_bin = bins == b
+        if in_bin.any():
+            rows.append({"lo": b / num_bins, "hi": (b + 1) / num_bins, "num_rows": int(in_bin.sum()),
+                         "mean_p": float(p[in_bin].mean()), "observed": float(y[in_bin].mean())})
+    return rows
+
+
+def binary_metrics(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    clipped = np.clip(p, EPS, 1.0 - EPS)
+    return {
+        "num_rows": int(len(y)),
+        "num_positive": int(y.sum()),
+        "accuracy": float(np.mean((p >= 0.5) == (y > 0.5))),
+        "auc": auc(p, y),
+        "ece": ece(p, y),
+        "brier": float(np.mean((p - y) ** 2)),
+        "log_loss": float(-np.mean(y * np.log(clipped) + (1.0 - y) * np.log(1.0 - clipped))),
+    }
+
+
+def multiclass_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """probs: [N, C] rows (renormalised here), labels: [N] class indices.
+
+    accuracy of the argmax, macro one-vs-rest AUC, top-label ECE, multiclass Brier
+    (sum over classes, mean over rows) and log-loss of the true class.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    probs = probs / np.clip(probs.sum(axis=1, keepdims=True), EPS, None)
+    labels = np.asarray(labels, dtype=int)
+    onehot = np.eye(probs.shape[1])[labels]
+    top = probs.argmax(axis=1)
+    aucs = [auc(probs[:, c], onehot[:, c]) for c in range(probs.shape[1])]
+    aucs = [a for a in aucs if not np.isnan(a)]
+    return {
+        "num_rows": int(len(labels)),
+        "accuracy": float(np.mean(top == labels)),
+        "auc_ovr": float(np.mean(aucs)) if aucs else float("nan"),
+        "ece": ece(probs.max(axis=1), (top == labels).astype(np.float64)),
+        "brier": float(np.mean(np.sum((probs - onehot) ** 2, axis=1))),
+        "log_loss": float(-np.mean(np.log(np.clip(probs[np.arange(len(labels)), labels], EPS, None)))),
+    }
+
+
+def num_flipped(p_before: np.ndarray, p_after: np.ndarray) -> int:
+    """Rows whose side of 0.5 changed: a two-way answer's argmax that calibration moved."""
+    return int(np.sum((np.asarray(p_before) >= 0.5) != (np.asarray(p_after) >= 0.5)))
+
+
+# ---- method choice on held-out rows ----------------------------------------------------
+
+CANDIDATE_METHODS = ("temperature", "platt", "isotonic")
+# Out-of-fold predictions come from a different fit per fold, so even a rank-preserving map
+# can move the pooled AUC by a hair; a candidate may lose at most this much AUC.
+AUC_TOLERANCE = 0.002
+
+
+@dataclass(slots=True)
+class MethodChoice:
+    method: str  # the chosen method
+    calibrator: Calibrator  # the chosen method refit on every row: what goes into the pack
+    held_out_p: np.ndarray  # [N] out-of-fold calibrated predictions of the chosen method
+    before: dict[str, float]  # metrics of the raw scores on the same rows
+    after: dict[str, float]  # metrics of held_out_p
+    candidates: dict[str, dict[str, float]]  # out-of-fold metrics of every method tried
+    num_flipped: int  # rows whose side of 0.5 the chosen method moved (out of fold)
+
+
+def stratified_folds(y: np.ndarray, num_folds: int, seed: int = 0) -> np.ndarray:
+    """Fold index per row; positives and negatives are dealt round-robin after a shuffle."""
+    y = np.asarray(y) > 0.5
+    rng = np.random.default_rng(seed)
+    folds = np.empty(len(y), dtype=int)
+    for group in (np.flatnonzero(y), np.flatnonzero(~y)):
+        shuffled = rng.permutation(group)
+        folds[shuffled] = (np.arange(len(shuffled)) + rng.integers(num_folds)) % num_folds
+    return folds
+
+
+def cross_fit(method: str, p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> np.ndarray:
+    """Each row calibrated by a map fitted on the other folds only."""
+    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    out = np.empty_like(p)
+    for fold in np.unique(folds):
+        held = folds == fold
+        out[held] = fit(method, p[~held], y[~held]).apply(p[held])
+    return out
+
+
+def choose_method(
+    p: np.ndarray,
+    y: np.ndarray,
+    *,
+    methods: tuple[str, ...] = CANDIDATE_METHODS,
+    num_folds: int = 5,
+    seed: int = 0,
+) -> MethodChoice:
+    """Pick the method with the lowest out-of-fold log-loss among those that keep accuracy
+    (at 0.5) and AUC (within AUC_TOLERANCE) no lower than the raw scores; temperature is
+    the fallback since it never moves a row across 0.5."""
+    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    folds = stratified_folds(y, num_folds, seed)
+    before = binary_metrics(p, y)
+    held_out = {m: cross_fit(m, p, y, folds) for m in methods}
+    candidates = {m: binary_metrics(q, y) for m, q in held_out.items()}
+
+    def keeps_quality(m: str) -> bool:
+        after = candidates[m]
+        auc_ok = np.isnan(before["auc"]) or after["auc"] >= before["auc"] - AUC_TOLERANCE
+        return after["accuracy"] >= before["accuracy"] and auc_ok
+
+    eligible = [m for m in methods if keeps_quality(m)] or ["temperature"]
+    method = min(eligible, key=lambda m: candidates[m]["log_loss"] if m in candidates else np.inf)
+    chosen_p = held_out[method] if method in held_out else cross_fit(method, p, y, folds)
+    return MethodChoice(
+        method=method,
+        calibrator=fit(method, p, y),
+        held_out_p=chosen_p,
+        before=before,
+        after=binary_metrics(chosen_p, y),
+        candidates=candidates,
+        num_flipped=num_flipped(p, chosen_p),
+    )
