@@ -14,16 +14,20 @@ import torch
 import torch.nn.functional as F
 
 ROW_CHUNK = 64  # rows per fixed-shape matmul; the packer aligns contents to it
+SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; each content's scored rows are padded to it
+SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tree's scored rows to it
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [T, D_in] with T a multiple of ROW_CHUNK; weight: [D_out, D_in] -> [T, D_out]."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, row_chunk: int = ROW_CHUNK
+) -> torch.Tensor:
+    """x: [T, D_in] with T a multiple of row_chunk; weight: [D_out, D_in] -> [T, D_out]."""
     num_rows = x.shape[0]
-    if num_rows % ROW_CHUNK:
-        raise ValueError(f"linear: {num_rows} rows is not a multiple of ROW_CHUNK={ROW_CHUNK}")
+    if num_rows % row_chunk:
+        raise ValueError(f"linear: {num_rows} rows is not a multiple of row_chunk={row_chunk}")
     out = x.new_empty(num_rows, weight.shape[0])
-    for start in range(0, num_rows, ROW_CHUNK):
-        out[start : start + ROW_CHUNK] = F.linear(x[start : start + ROW_CHUNK], weight, bias)
+    for start in range(0, num_rows, row_chunk):
+        out[start : start + row_chunk] = F.linear(x[start : start + row_chunk], weight, bias)
     return out
 
 

@@ -1,0 +1,129 @@
+"""Compile a scoring request into branches of whole-string token sequences.
+
+    ScoringRequest --compile_request--> CompiledRequest(branches=[Branch per (query, combination)])
+
+For every (query, combination) the prompt is prefix + filled template, and every option is
+scored on `tokenizer(prompt + option)`: the tokens of the whole string, never the
+concatenation of separately tokenized parts, because tokenizers merge across the boundary.
+The branch point is the longest common token prefix of the prompt and every
+prompt + option; an option's logprob covers its tokens from there on.
+Floors (the same question with user contents emptied) are branches too, keyed so that
+identical floors are computed once (engine/floors.py caches them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.prompts import PromptError, PromptRenderer
+from spinf_jobs.protocol import Query, ScoringRequest
+from spinf_jobs.templates import expand_grid, parse_template
+
+
+@dataclass(frozen=True, slots=True)
+class FloorKey:
+    """What a floor depends on (the fingerprint is the cache's own)."""
+
+    empty_prefix: str  # the rendered prefix with user contents emptied
+    answer_in: str
+    filled_template: str
+    options: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Branch:
+    """One (query, combination): the sequences scored for its options."""
+
+    query_index: int
+    combination_index: int
+    values: dict[str, str]
+    prompt_text: str  # prefix + filled template (the text before the options)
+    option_ids: list[list[int]]  # whole-string tokens of prompt + option, per option
+    branch_point: int  # tokens shared by the prompt and every prompt + option
+    floor_key: FloorKey | None  # None for a floor branch itself
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.branch_point
+
+
+@dataclass(slots=True)
+class CompiledRequest:
+    request: ScoringRequest
+    branches: list[Branch]
+    max_num_tokens: int  # the longest whole sequence (for the model's context limit)
+    floor_keys: list[FloorKey] = field(default_factory=list)  # distinct, in first-use order
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenize:
+    """Whole-string tokenization as the model expects it (special tokens as rendered)."""
+
+    tokenizer: object
+    add_special_tokens: bool
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
+
+
+def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize) -> CompiledRequest:
+    prefixes: dict[tuple[str, bool], str] = {}
+
+    def prefix(answer_in: str, is_floor: bool) -> str:
+        if (answer_in, is_floor) not in prefixes:
+            prefixes[answer_in, is_floor] = renderer.render_prefix(request.messages, answer_in, is_floor)
+        return prefixes[answer_in, is_floor]
+
+    branches: list[Branch] = []
+    floor_keys: dict[FloorKey, None] = {}
+    for query_index, query in enumerate(request.scoring.queries):
+        for combination_index, values, filled in _combinations(query):
+            floor_key = FloorKey(prefix(query.answer_in, True), query.answer_in, filled, tuple(query.options))
+            floor_keys[floor_key] = None
+            prompt = prefix(query.answer_in, False) + filled
+            branches.append(
+                make_branch(query_index, combination_index, values, prompt, query.options, tokenize, floor_key)
+            )
+    max_num_tokens = max(len(ids) for b in branches for ids in b.option_ids)
+    return CompiledRequest(request, branches, max_num_tokens, list(floor_keys))
+
+
+def compile_floor(key: FloorKey, tokenize: Tokenize) -> Branch:
+    """The floor of one (template, options) as a branch of its own tree."""
+    return make_branch(0, 0, {}, key.empty_prefix + key.filled_template, list(key.options), tokenize, None)
+
+
+def make_branch(
+    query_index: int,
+    combination_index: int,
+    values: dict[str, str],
+    prompt: str,
+    options: list[str],
+    tokenize: Tokenize,
+    floor_key: FloorKey | None,
+) -> Branch:
+    prompt_ids, *option_ids = tokenize([prompt, *(prompt + option for option in options)])
+    branch_point = _common_prefix_length([prompt_ids, *option_ids])
+    if branch_point == 0:
+        raise PromptError(
+            "scoring.queries.template",
+            "no token precedes the options: give the template some text before {?}",
+        )
+    return Branch(query_index, combination_index, values, prompt, option_ids, branch_point, floor_key)
+
+
+def _combinations(query: Query):
+    parsed = parse_template(query.template)
+    # the grid follows the order of `values` in the request (last name varies fastest)
+    for index, values in enumerate(expand_grid(tuple(query.values), query.values)):
+        yield index, values, parsed.fill(values)
+
+
+def _common_prefix_length(sequences: list[list[int]]) -> int:
+    shortest = min(len(s) for s in sequences)
+    first = sequences[0]
+    for position in range(shortest):
+        token = first[position]
+        if any(s[position] != token for s in sequences[1:]):
+            return position
+    return shortest

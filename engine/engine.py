@@ -1,0 +1,153 @@
+"""The scoring engine: many requests in, one response each, in as few passes as fit.
+
+    ScoringRequest --compile--> CompiledRequest --build_tree--> TokenTree (+ floor trees)
+        --pack_trees--> PackedBatch --runner.run--> RunnerOutput --scorer--> ScoringResponse
+
+The loop itself is three lines (see `score_batch`): pack, run, collect. Everything around
+it is bookkeeping: which tree answers which request, which floors are cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import orjson
+import torch
+
+from engine.compiler import CompiledRequest, FloorKey, Tokenize, compile_floor, compile_request
+from engine.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
+from engine.loader import load_checkpoint
+from engine.model_registry import DEFAULT_MODEL
+from engine.ops import ROW_CHUNK, SCORE_CHUNK
+from engine.packer import DEFAULT_MAX_NUM_BATCHED_TOKENS, leaky_tree_mask, pack_trees, split_branches, tree_mask
+from engine.prompts import PromptError, PromptRenderer
+from engine.responses import ResponseBuilder
+from engine.runner import ModelRunner
+from engine.tree import build_tree
+from spinf_jobs.protocol import ScoringRequest, ScoringResponse
+
+ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL  # served name or a local HF folder
+    device: str = "auto"  # "cpu" | "cuda" | "auto"
+    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # tokens per forward pass
+    floor_cache_size: int = DEFAULT_FLOOR_CACHE_SIZE
+
+
+@dataclass(slots=True)
+class RequestError:
+    field: str  # which field is wrong, e.g. "messages"
+    message: str  # what to fix
+
+
+@dataclass(slots=True)
+class BatchOutput:
+    results: list[ScoringResponse | RequestError]  # one per request, same order
+    pass_ids: list[tuple[int, ...]]  # the forward passes that served each request
+
+
+@dataclass(frozen=True, slots=True)
+class _TreeOwner:
+    request_index: int  # -1 for a floor tree
+    floor_key: FloorKey | None = None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig = EngineConfig()) -> None:
+        self.config = config
+        device = torch.device(_resolve_device(config.device))
+        dtype = _resolve_dtype(config.dtype, device)
+        checkpoint = load_checkpoint(config.model, dtype=dtype, device=str(device))
+        self.model_name = checkpoint.served_name
+        self.max_context_tokens = checkpoint.max_context_tokens
+        self.tokenizer = checkpoint.tokenizer
+        self.renderer = PromptRenderer(checkpoint.tokenizer, checkpoint.has_chat_template)
+        self.tokenize = Tokenize(checkpoint.tokenizer, add_special_tokens=not checkpoint.has_chat_template)
+        self.runner = ModelRunner(checkpoint.model, device)
+        self.floors = FloorCache(config.floor_cache_size)
+        self.checkpoint_path = checkpoint.path
+        self.system_fingerprint = fingerprint(checkpoint.weights_sha256, dtype, device)
+        self.mask_fn = tree_mask
+
+    def leak_sibling_for_negative_control(self) -> None:
+        """Break the tree mask on purpose (parity's negative control); marks the fingerprint."""
+        self.mask_fn = leaky_tree_mask
+        self.system_fingerprint += "-leaky"
+
+    def score(self, request: ScoringRequest) -> ScoringResponse:
+        """One request; raises PromptError (with .field) when it cannot be served."""
+        [result] = self.score_batch([request]).results
+        if isinstance(result, RequestError):
+            raise PromptError(result.field, result.message)
+        return result
+
+    def count_tokens(self, request: ScoringRequest) -> int:
+        """Tokens the request's tree adds to a pass (0 when it cannot be compiled)."""
+        compiled = self._compile(request)
+        if isinstance(compiled, RequestError):
+            return 0
+        return build_tree(compiled.branches).num_tokens
+
+    def score_batch(self, requests: list[ScoringRequest]) -> BatchOutput:
+        compiled = [self._compile(request) for request in requests]
+        builder = ResponseBuilder(self, compiled)
+        for batch in pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn):
+            output = self.runner.run(batch)
+            builder.collect(batch, output)
+        return builder.finish()
+
+    def _compile(self, request: ScoringRequest) -> CompiledRequest | RequestError:
+        if request.model not in (None, self.model_name):
+            return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
+        try:
+            compiled = compile_request(request, self.renderer, self.tokenize)
+        except PromptError as error:
+            return RequestError(error.field, str(error))
+        if compiled.max_num_tokens > self.max_context_tokens:
+            return RequestError(
+                "messages",
+                f"the content with its longest question and option is {compiled.max_num_tokens} tokens;"
+                f" this model reads at most {self.max_context_tokens}: shorten the content",
+            )
+        return compiled
+
+    def _trees(self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder):
+        budget = self.config.max_num_batched_tokens
+        for index, request in enumerate(compiled):
+            if isinstance(request, RequestError):
+                continue
+            for group in split_branches(request.branches, budget):
+                yield _TreeOwner(index), build_tree(group)
+        for key in builder.missing_floors():
+            yield _TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
+
+
+def fingerprint(weights_sha256: str, dtype: torch.dtype, device: torch.device) -> str:
+    """Changes when anything that can move a score changes, and only then."""
+    numerics = {
+        "weights": weights_sha256,
+        "dtype": str(dtype),
+        "device": device.type,
+        "engine": ENGINE_VERSION,
+        "row_chunk": ROW_CHUNK,
+        "score_chunk": SCORE_CHUNK,
+        "torch": torch.__version__.split("+")[0],
+    }
+    return "fp_" + hashlib.sha256(orjson.dumps(numerics, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)

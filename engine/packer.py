@@ -1,0 +1,141 @@
+"""Pack many token trees into flat streams under a token budget (pure CPU).
+
+    [(owner, TokenTree)] --pack_trees--> [PackedBatch(input_ids, positions, attention, scored_*)]
+
+Each tree starts at a multiple of ROW_CHUNK and is padded to one, so its rows meet the
+same fixed-shape matmuls wherever it sits (batch invariance). Positions are node depths.
+Each tree's scored rows are padded to a multiple of SCORE_CHUNK for the same reason at the
+LM head. Trees are placed whole, in order; a tree larger than the budget is first split by
+`split_branches` into trees that share the trunk (each re-reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention import AttentionMetadata, TreeSpan
+from engine.compiler import Branch
+from engine.ops import ROW_CHUNK, SCORE_CHUNK
+from engine.tree import TokenTree, build_tree
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+PAD_TOKEN_ID = 0
+
+
+@dataclass(slots=True)
+class PackedTree:
+    owner: object  # the engine's bookkeeping for this tree (opaque here)
+    tree: TokenTree
+    start: int  # first row of the tree in the stream
+    score_start: int  # first of its scored rows in `scored_index`
+
+
+@dataclass(slots=True)
+class PackedBatch:
+    trees: list[PackedTree]
+    input_ids: torch.Tensor  # [T] long, T a multiple of ROW_CHUNK
+    positions: torch.Tensor  # [T] long, node depth (pads 0)
+    attention: AttentionMetadata  # one span per tree
+    scored_index: torch.Tensor  # [S] long rows whose next-token logits are read
+    scored_targets: torch.Tensor  # [S] long tokens read there (pads: 0)
+    num_real_tokens: int  # tokens that are not padding
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def padded(num: int, multiple: int) -> int:
+    return -(-num // multiple) * multiple
+
+
+def split_branches(branches: list[Branch], max_num_tokens: int) -> list[list[Branch]]:
+    """Groups of branches whose trees each fit the budget (a group holds at least one)."""
+    whole = build_tree(branches)
+    if padded(whole.num_tokens, ROW_CHUNK) <= max_num_tokens:
+        return [branches]
+    groups: list[list[Branch]] = [[]]
+    group_size = whole.num_trunk_tokens
+    for branch in branches:
+        extra = build_tree([branch]).num_tokens - whole.num_trunk_tokens
+        if groups[-1] and padded(group_size + extra, ROW_CHUNK) > max_num_tokens:
+            groups.append([])
+            group_size = whole.num_trunk_tokens
+        groups[-1].append(branch)
+        group_size += extra
+    return groups
+
+
+def pack_trees(items, max_num_tokens: int, mask_fn=None) -> list[PackedBatch]:
+    """Greedy in order: a tree that does not fit the current pass opens the next one."""
+    batches: list[list[tuple[object, TokenTree]]] = [[]]
+    used = 0
+    for owner, tree in items:
+        size = padded(tree.num_tokens, ROW_CHUNK)
+        if batches[-1] and used + size > max_num_tokens:
+            batches.append([])
+            used = 0
+        batches[-1].append((owner, tree))
+        used += size
+    return [prepare_batch(group, mask_fn or tree_mask) for group in batches if group]
+
+
+def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None) -> PackedBatch:
+    mask_fn = mask_fn or tree_mask
+    input_ids: list[int] = []
+    positions: list[int] = []
+    scored_index: list[int] = []
+    scored_targets: list[int] = []
+    spans: list[TreeSpan] = []
+    trees: list[PackedTree] = []
+    for owner, tree in items:
+        start, score_start = len(input_ids), len(scored_index)
+        num_padded = padded(tree.num_tokens, ROW_CHUNK)
+        num_pad = num_padded - tree.num_tokens
+        input_ids += tree.token_ids + [PAD_TOKEN_ID] * num_pad
+        positions += tree.depths + [0] * num_pad
+        num_scored = len(tree.scored_nodes)
+        num_score_pad = padded(num_scored, SCORE_CHUNK) - num_scored
+        scored_index += [start + node for node in tree.scored_nodes] + [start] * num_score_pad
+        scored_targets += tree.scored_targets + [0] * num_score_pad
+        spans.append(
+            TreeSpan(
+                start=start,
+                mask=torch.from_numpy(mask_fn(tree.parents, num_padded)),
+                positions=torch.tensor(positions[start:], dtype=torch.long),
+            )
+        )
+        trees.append(PackedTree(owner, tree, start, score_start))
+    return PackedBatch(
+        trees=trees,
+        input_ids=torch.tensor(input_ids, dtype=torch.long),
+        positions=torch.tensor(positions, dtype=torch.long),
+        attention=AttentionMetadata(spans=spans),
+        scored_index=torch.tensor(scored_index, dtype=torch.long),
+        scored_targets=torch.tensor(scored_targets, dtype=torch.long),
+        num_real_tokens=sum(t.tree.num_tokens for t in trees),
+    )
+
+
+def tree_mask(parents: list[int], num_padded: int) -> np.ndarray:
+    """[n, n] bool: row i sees its ancestors and itself; padding rows see only themselves."""
+    mask = np.zeros((num_padded, num_padded), dtype=bool)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            mask[node, : parent + 1] = mask[parent, : parent + 1]
+        mask[node, node] = True
+    padding = np.arange(len(parents), num_padded)
+    mask[padding, padding] = True
+    return mask
+
+
+def leaky_tree_mask(parents: list[int], num_padded: int) -> np.ndarray:
+    """NEGATIVE CONTROL ONLY: also lets each token see the token listed just before it,
+    which for the first token of a branch is the last token of a sibling branch."""
+    mask = tree_mask(parents, num_padded)
+    rows = np.arange(1, len(parents))
+    mask[rows, rows - 1] = True
+    return mask

@@ -1,0 +1,125 @@
+"""Collect pass outputs per request and build the scoring responses.
+
+    (PackedBatch, RunnerOutput)* --collect--> logprobs per (request, query, combination)
+        + floors (cache) --finish--> BatchOutput(results, pass_ids)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+from engine.compiler import Branch, CompiledRequest, FloorKey
+from engine.packer import PackedBatch
+from engine.runner import RunnerOutput
+from engine.scorer import normalise, option_logprobs, residual
+from spinf_jobs.protocol import (
+    Combination,
+    CombinationDebug,
+    OptionDebug,
+    OptionScore,
+    QueryResult,
+    ScoringResponse,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from engine.engine import Engine, RequestError
+
+
+class ResponseBuilder:
+    def __init__(self, engine: Engine, compiled: list[CompiledRequest | RequestError]) -> None:
+        self.engine = engine
+        self.compiled = compiled
+        self.logprobs: dict[tuple[int, int, int], list[float]] = {}  # (request, query, combination)
+        self.pass_ids: list[set[int]] = [set() for _ in compiled]
+        self.usage = [Usage() for _ in compiled]
+        self._floor_first_user: dict[FloorKey, int] = {}
+        self.floor_p: dict[FloorKey, tuple[float, ...]] = {}  # held here: the cache may evict
+        for index, request in enumerate(compiled):
+            if isinstance(request, CompiledRequest):
+                for key in request.floor_keys:
+                    cached = engine.floors.get(key)
+                    if cached is not None:
+                        self.floor_p[key] = cached
+                        self.usage[index].floors_cached += 1
+                    elif key not in self._floor_first_user:
+                        self._floor_first_user[key] = index
+                        self.usage[index].floors_computed += 1
+                    else:
+                        self.usage[index].floors_cached += 1
+
+    def missing_floors(self) -> list[FloorKey]:
+        return list(self._floor_first_user)
+
+    def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
+        for packed in batch.trees:
+            sums = option_logprobs(packed, output.target_logprobs)
+            owner = packed.owner
+            tree = packed.tree
+            if owner.floor_key is not None:
+                self.floor_p[owner.floor_key] = tuple(normalise(sums[0]))
+                self.engine.floors.put(owner.floor_key, self.floor_p[owner.floor_key])
+                user = self._floor_first_user[owner.floor_key]
+                self.usage[user].floor_tokens += tree.num_tokens
+                continue
+            index = owner.request_index
+            self.pass_ids[index].add(output.pass_id)
+            usage = self.usage[index]
+            usage.content_tokens += tree.num_trunk_tokens
+            usage.question_tokens += tree.num_question_tokens
+            usage.option_tokens += tree.num_option_tokens
+            for branch, branch_sums in zip(tree.branches, sums, strict=True):
+                self.logprobs[index, branch.query_index, branch.combination_index] = branch_sums
+
+    def finish(self):
+        from engine.engine import BatchOutput
+
+        results = [
+            request if not isinstance(request, CompiledRequest) else self._response(index, request)
+            for index, request in enumerate(self.compiled)
+        ]
+        return BatchOutput(results=results, pass_ids=[tuple(sorted(ids)) for ids in self.pass_ids])
+
+    def _response(self, index: int, compiled: CompiledRequest) -> ScoringResponse:
+        request = compiled.request
+        results = [QueryResult(id=query.id, combinations=[]) for query in request.scoring.queries]
+        for branch in compiled.branches:
+            logprobs = self.logprobs[index, branch.query_index, branch.combination_index]
+            results[branch.query_index].combinations.append(self._combination(branch, logprobs, request.debug))
+        return ScoringResponse(
+            id=response_id(self.engine.system_fingerprint, request.model_dump_json()),
+            model=self.engine.model_name,
+            system_fingerprint=self.engine.system_fingerprint,
+            results=results,
+            usage=self.usage[index],
+        )
+
+    def _combination(self, branch: Branch, logprobs: list[float], debug: bool) -> Combination:
+        query_options = list(branch.floor_key.options)
+        p = normalise(logprobs)
+        floor_p = self.floor_p[branch.floor_key]
+        options = [
+            OptionScore(text=text, logprob=lp, p=pi, floor_p=fp)
+            for text, lp, pi, fp in zip(query_options, logprobs, p, floor_p, strict=True)
+        ]
+        return Combination(
+            values=branch.values,
+            options=options,
+            residual=residual(logprobs),
+            debug=self._debug(branch, query_options) if debug else None,
+        )
+
+    def _debug(self, branch: Branch, texts: list[str]) -> CombinationDebug:
+        tokenizer = self.engine.tokenizer
+        options = []
+        for text, ids in zip(texts, branch.option_ids, strict=True):
+            scored = ids[branch.branch_point :]
+            options.append(OptionDebug(text=text, token_ids=scored, tokens=tokenizer.convert_ids_to_tokens(scored)))
+        return CombinationDebug(rendered=branch.prompt_text, branch_point=branch.branch_point, options=options)
+
+
+def response_id(system_fingerprint: str, request_json: str) -> str:
+    """Content-addressed: the same request on the same numerics gets the same id."""
+    digest = hashlib.sha256(f"{system_fingerprint}\n{request_json}".encode()).hexdigest()
+    return f"score-{digest[:24]}"

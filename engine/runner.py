@@ -1,0 +1,59 @@
+"""Run one packed pass through the model and read the scored tokens' log-probabilities.
+
+    PackedBatch (CPU tensors) --prepare--> device tensors --model--> logits [S, V]
+        --log-softmax per SCORE_CHUNK rows--> RunnerOutput(target_logprobs [S])
+
+The LM head runs only at the scored rows (inside the model). Log-softmax runs on fixed
+SCORE_CHUNK-row blocks so a row's value does not depend on how many rows the pass has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata, TreeSpan
+from engine.ops import SCORE_CHUNK
+from engine.packer import PackedBatch
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    pass_id: int  # engine-global counter of forward passes
+    target_logprobs: torch.Tensor  # [S] float32 on CPU: log P(target token | row)
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.num_passes = 0
+
+    @torch.inference_mode()
+    def run(self, batch: PackedBatch) -> RunnerOutput:
+        logits = self.model(
+            batch.input_ids.to(self.device),
+            batch.positions.to(self.device),
+            self.prepare_attention(batch.attention),
+            batch.scored_index.to(self.device),
+        )  # [S, V] float32
+        target_logprobs = gather_logprobs(logits, batch.scored_targets.to(self.device))
+        self.num_passes += 1
+        return RunnerOutput(pass_id=self.num_passes, target_logprobs=target_logprobs.cpu())
+
+    def prepare_attention(self, meta: AttentionMetadata) -> AttentionMetadata:
+        if self.device.type == "cpu":
+            return meta
+        spans = [TreeSpan(s.start, s.mask.to(self.device), s.positions.to(self.device)) for s in meta.spans]
+        return AttentionMetadata(spans=spans, block_mask=meta.block_mask)
+
+
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits: [S, V], targets: [S] -> [S] log-softmax(logits)[row, target], per SCORE_CHUNK rows."""
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], SCORE_CHUNK):
+        rows = slice(start, start + SCORE_CHUNK)
+        logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+        out[rows] = logprobs.gather(1, targets[rows, None])[:, 0]
+    return out

@@ -1,0 +1,107 @@
+"""`spinf-jobs` command line: one entry point, one subcommand per job.
+
+    spinf-jobs score REQUEST.json|-   score one request on the engine, print the response JSON
+    spinf-jobs parity --model NAME     the engine against an independent transformers reference
+    spinf-jobs serve | api | worker | demo   the service (workers/commands.py)
+    spinf-jobs calibrate ...           fit a prompt pack's calibration (spinf_jobs/calibrate_command.py)
+
+The engine (and torch) is imported inside the commands that need it, never at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import orjson
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # engine/model_registry.py holds the same name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    return int(args.handler(args) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spinf-jobs", description=__doc__.split("\n\n")[0])
+    subparsers = parser.add_subparsers(title="commands")
+    _add_score(subparsers)
+    _add_parity(subparsers)
+    for module, function in (
+        ("workers.commands", "add_service_commands"),
+        ("spinf_jobs.calibrate_command", "add_calibrate_command"),
+    ):
+        try:
+            getattr(importlib.import_module(module), function)(subparsers)
+        except ModuleNotFoundError as error:
+            if error.name != module:  # a real missing dependency inside the module
+                raise
+    return parser
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="served model name or a local HF folder")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="tokens per forward pass")
+
+
+def _add_score(subparsers) -> None:
+    parser = subparsers.add_parser("score", help="score one request (JSON file or - for stdin)")
+    parser.add_argument("request", help="path to a request JSON file, or - for stdin")
+    _add_engine_flags(parser)
+    parser.set_defaults(handler=_score)
+
+
+def _score(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from engine.engine import Engine, EngineConfig, RequestError
+    from spinf_jobs.protocol import ScoringRequest
+
+    raw = sys.stdin.buffer.read() if args.request == "-" else open(args.request, "rb").read()
+    try:
+        request = ScoringRequest.model_validate_json(raw)
+    except ValidationError as error:
+        print(f"invalid request:\n{error}", file=sys.stderr)
+        return 2
+    model = request.model or args.model
+    engine = Engine(EngineConfig(model=model, device=args.device, max_num_batched_tokens=args.max_num_batched_tokens))
+    [result] = engine.score_batch([request.model_copy(update={"model": engine.model_name})]).results
+    if isinstance(result, RequestError):
+        print(f"invalid request: {result.field}: {result.message}", file=sys.stderr)
+        return 2
+    sys.stdout.write(orjson.dumps(result.model_dump(exclude_none=True), option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+def _add_parity(subparsers) -> None:
+    parser = subparsers.add_parser("parity", help="compare the engine with an independent transformers reference")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="served model name or a local HF folder")
+    parser.add_argument("--contents", type=int, default=None, help="use only the first N contents")
+    parser.add_argument("--leak-sibling", action="store_true", help="negative control: break the tree mask")
+    parser.add_argument("--tolerance", type=float, default=1e-3)
+    parser.add_argument("--report", default=None, help="write every comparison row to this JSON file")
+    parser.set_defaults(handler=_parity)
+
+
+def _parity(args: argparse.Namespace) -> int:
+    from engine.parity import run_parity, summarize
+
+    rows = run_parity(args.model, num_contents=args.contents, leak_sibling=args.leak_sibling)
+    max_logprob, worst = summarize(rows)
+    if args.report:
+        with open(args.report, "wb") as file:
+            file.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+    print(f"max_abs_diff_any_field={worst:.3g} (logprob, p, floor_p, residual)")
+    print(f"max_abs_logprob_diff={max_logprob:.3g} items={len(rows)}")
+    return 0 if worst <= args.tolerance else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
