@@ -35,13 +35,14 @@ class ReferenceScores:
 class Reference:
     """transformers scoring each (content, query, option) as its own full sequence."""
 
-    def __init__(self, folder: Path, batch_size: int = 8) -> None:
+    def __init__(self, folder: Path, batch_size: int = 8, max_num_scored: int = 32) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         self.has_chat_template = bool(self.tokenizer.chat_template)
         self.batch_size = batch_size
+        self.max_num_scored = max_num_scored  # tokens read per sequence, counted from its end
         self._cache: dict[tuple[int, ...], list[float]] = {}
 
     def render(self, messages: list[dict], answer_in: str) -> str:
@@ -70,18 +71,24 @@ class Reference:
 
     @torch.inference_mode()
     def _run(self, batch: list[tuple[int, ...]]) -> None:
+        """Left-padded batch with explicit positions; logits only for the last columns."""
         length = max(len(s) for s in batch)
         ids = torch.zeros(len(batch), length, dtype=torch.long)
         attention = torch.zeros(len(batch), length, dtype=torch.long)
         for row, sequence in enumerate(batch):
-            ids[row, : len(sequence)] = torch.tensor(sequence)
-            attention[row, : len(sequence)] = 1
-        logits = self.model(input_ids=ids, attention_mask=attention).logits.float()
+            ids[row, length - len(sequence) :] = torch.tensor(sequence)
+            attention[row, length - len(sequence) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        num_kept = min(length, self.max_num_scored + 1)
+        logits = self.model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=num_kept
+        ).logits.float()  # [B, num_kept, V]: columns length-num_kept .. length-1
         logprobs = torch.log_softmax(logits, dim=-1)
         for row, sequence in enumerate(batch):
-            targets = torch.tensor(sequence[1:])
-            picked = logprobs[row, : len(sequence) - 1].gather(1, targets[:, None])[:, 0]
-            self._cache[sequence] = picked.tolist()
+            num_read = min(len(sequence) - 1, num_kept - 1)
+            targets = torch.tensor(sequence[len(sequence) - num_read :])
+            picked = logprobs[row, num_kept - 1 - num_read : num_kept - 1].gather(1, targets[:, None])[:, 0]
+            self._cache[sequence] = [float("nan")] * (len(sequence) - 1 - num_read) + picked.tolist()
 
 
 def load_cases(has_chat_template: bool, num_contents: int | None = None) -> list[ScoringRequest]:

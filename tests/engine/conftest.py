@@ -1,0 +1,43 @@
+"""Engine fixtures: tiny random checkpoints of every family, each with its real tokenizer."""
+
+from pathlib import Path
+
+import pytest
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny-checkpoints")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_checkpoint_root):
+    """tiny_checkpoint(family) -> folder, made once per session."""
+    from engine.tiny import make_tiny_checkpoint
+
+    made: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            made[family] = make_tiny_checkpoint(family, tiny_checkpoint_root / family, seed=0)
+        return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_checkpoint):
+    """tiny_engine(family, **config) -> Engine on CPU, fp32, cached per arguments."""
+    from engine.engine import Engine, EngineConfig
+
+    made = {}
+
+    def make(family: str = "qwen2", **config):
+        key = (family, tuple(sorted(config.items())))
+        if key not in made:
+            made[key] = Engine(EngineConfig(model=str(tiny_checkpoint(family)), device="cpu", dtype="float32", **config))
+        return made[key]
+
+    return make

@@ -1,0 +1,125 @@
+"""The engine end to end on tiny random checkpoints of every family (CPU, fp32)."""
+
+import pytest
+
+from engine.engine import RequestError
+from engine.parity import load_cases, run_parity, summarize
+from spinf_jobs.protocol import ScoringRequest
+from tests.engine.conftest import FAMILIES
+
+TOLERANCE = 1e-3
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_with_transformers(family, tiny_checkpoint):
+    rows = run_parity(str(tiny_checkpoint(family)))
+    max_logprob, worst = summarize(rows)
+    assert len(rows) >= 20 * 5
+    assert worst <= TOLERANCE, f"{family}: max diff {worst} (logprob {max_logprob})"
+
+
+def test_parity_negative_control_fails(tiny_checkpoint):
+    rows = run_parity(str(tiny_checkpoint("qwen2")), num_contents=4, leak_sibling=True)
+    max_logprob, _ = summarize(rows)
+    assert max_logprob > TOLERANCE, "a mask leaking sibling branches went unnoticed"
+
+
+def _strip_usage(response):
+    body = response.model_dump()
+    body.pop("usage")
+    return body
+
+
+def test_batch_invariance_alone_vs_packed(tiny_engine):
+    engine = tiny_engine("qwen2", max_num_batched_tokens=1 << 16)
+    requests = load_cases(has_chat_template=True)
+    others = [r.model_copy(update={"messages": [r.messages[0].model_copy(update={"content": f"{i}: {r.messages[0].content}"})]})
+              for i in range(3) for r in requests]
+    target = requests[5]
+    alone = engine.score_batch([target])
+    packed_requests = list(reversed(others[:30])) + [target] + others[30:]
+    assert len(packed_requests) >= 51
+    packed = engine.score_batch(packed_requests)
+    index = packed_requests.index(target)
+    target_passes = set(packed.pass_ids[index])
+    neighbours = [i for i, ids in enumerate(packed.pass_ids) if i != index and target_passes & set(ids)]
+    assert len(neighbours) >= 50, f"only {len(neighbours)} contents shared a pass with the target"
+    assert _strip_usage(alone.results[0]) == _strip_usage(packed.results[index])
+
+
+def test_tree_larger_than_budget_is_split_not_refused(tiny_checkpoint):
+    from engine.engine import Engine, EngineConfig
+
+    folder = str(tiny_checkpoint("llama"))
+    request = load_cases(has_chat_template=True)[2]
+    whole = Engine(EngineConfig(model=folder, device="cpu", dtype="float32")).score_batch([request])
+    small = Engine(EngineConfig(model=folder, device="cpu", dtype="float32", max_num_batched_tokens=128))
+    split = small.score_batch([request])
+    assert len(split.pass_ids[0]) > 1, "the tree was not split across passes"
+    for a, b in zip(whole.results[0].results, split.results[0].results):
+        for ca, cb in zip(a.combinations, b.combinations):
+            for oa, ob in zip(ca.options, cb.options):
+                assert abs(oa.logprob - ob.logprob) < 1e-5 and abs(oa.floor_p - ob.floor_p) < 1e-5
+
+
+def test_floors_are_cached_across_requests(tiny_engine):
+    engine = tiny_engine("qwen3", floor_cache_size=1000)
+    first, second = load_cases(has_chat_template=True)[:2]
+    a = engine.score_batch([first]).results[0]
+    b = engine.score_batch([second]).results[0]
+    assert a.usage.floors_computed > 0 and a.usage.floor_tokens > 0
+    assert b.usage.floors_computed == 0 and b.usage.floor_tokens == 0
+    assert b.usage.floors_cached == a.usage.floors_computed
+    assert [o.floor_p for r in a.results for c in r.combinations for o in c.options] == [
+        o.floor_p for r in b.results for c in r.combinations for o in c.options
+    ]
+
+
+def _one(content="hi", model=None, **query):
+    base = {"id": "q", "template": "\n\nAnswer:{?}", "options": [" yes", " no"]}
+    base.update(query)
+    body = {"messages": [{"role": "user", "content": content}], "scoring": {"queries": [base]}}
+    if model:
+        body["model"] = model
+    return ScoringRequest.model_validate(body)
+
+
+def test_bad_requests_become_errors_not_failures(tiny_engine):
+    engine = tiny_engine("gemma3_text")
+    good = _one()
+    output = engine.score_batch([
+        _one(model="no-such-model"),
+        _one(answer_in="assistant"),
+        _one(content="word " * (engine.max_context_tokens + 10)),
+        good,
+    ])
+    unknown, assistant, too_long, ok = output.results
+    assert isinstance(unknown, RequestError) and unknown.field == "model"
+    assert isinstance(assistant, RequestError) and "chat template" in assistant.message
+    assert isinstance(too_long, RequestError) and too_long.field == "messages"
+    assert not isinstance(ok, RequestError) and abs(sum(o.p for o in ok.results[0].combinations[0].options) - 1) < 1e-9
+
+
+def test_numbers_are_consistent(tiny_engine):
+    import math
+
+    response = tiny_engine("llama").score(load_cases(has_chat_template=True)[0])
+    for result in response.results:
+        for combination in result.combinations:
+            logprobs = [o.logprob for o in combination.options]
+            total = sum(math.exp(lp) for lp in logprobs)
+            assert all(lp <= 0 for lp in logprobs)
+            for option in combination.options:
+                assert option.p == pytest.approx(math.exp(option.logprob) / total, rel=1e-9)
+            assert combination.residual == pytest.approx(max(0.0, 1 - total), abs=1e-12)
+            assert sum(o.floor_p for o in combination.options) == pytest.approx(1.0)
+
+
+def test_debug_shows_rendered_prompt_and_scored_tokens(tiny_engine):
+    engine = tiny_engine("qwen2")
+    request = _one(content="Refund me", template="\n\nAnswer:{?}").model_copy(update={"debug": True})
+    [combination] = engine.score(request).results[0].combinations
+    assert combination.debug.rendered.endswith("Refund me\n\nAnswer:")
+    for option in combination.debug.options:
+        full = engine.tokenizer(combination.debug.rendered + option.text, add_special_tokens=False)["input_ids"]
+        assert full[combination.debug.branch_point :] == option.token_ids
