@@ -1,0 +1,274 @@
+"""Prompt packs: load them, turn them into queries, turn the answers into decisions.
+
+    packs/*.yaml --load_pack--> Pack --PackRegistry (official + --packs DIR...)
+    Pack --expand_pack--> [Query] (ids "pack-id:question-id", one per ordering)
+         --engine, same read as the request's own queries--> [QueryResult]
+         --apply_pack--> {"questions": {id: {p, calibrated_p, floor_p, ...}},
+                          "categories": {id: {score, calibrated_score}},
+                          "decisions": {id: label}}
+
+Calibrated values sit beside the raw ones (`calibrated_p` beside `p`), never replace them.
+Pure Python: no torch, no numpy beyond the calibration maps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from spinf_jobs.calibration import Calibrator
+from spinf_jobs.orderings import Ordering, combine_orderings, expand_orderings
+from spinf_jobs.pack_format import Calibration, Category, Decision, Pack, PackCalibration, PackQuestion
+from spinf_jobs.protocol import Query, QueryResult
+
+OFFICIAL_PACKS_DIR = Path(__file__).resolve().parents[1] / "packs"
+PACK_SUFFIXES = (".yaml", ".yml", ".json")
+QUERY_ID_SEPARATOR = ":"
+_WRITTEN_BY = "# Written by `spinf-jobs calibrate`"
+
+
+class PackError(ValueError):
+    """A pack file that cannot be loaded; the message names the file and the field."""
+
+
+class UnknownPackError(KeyError):
+    """A request named a pack id that no loaded folder holds."""
+
+    def __init__(self, pack_id: str, known: list[str]):
+        super().__init__(pack_id)
+        self.pack_id = pack_id
+        self.message = f"unknown pack {pack_id!r}; loaded packs: {sorted(known)}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+
+def read_pack_data(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
+        raise PackError(f"{path}: cannot be read as {path.suffix[1:]}: {error}") from None
+    if not isinstance(data, dict):
+        raise PackError(f"{path}: a pack file holds one mapping (id, version, questions, ...)")
+    return data
+
+
+def _field_name(loc: tuple, data: dict[str, Any]) -> str:
+    """'questions[3] (id=threat).options' from pydantic's ('questions', 3, 'options')."""
+    parts: list[str] = []
+    node: Any = data
+    for item in loc:
+        if isinstance(item, int):
+            node = node[item] if isinstance(node, list) and item < len(node) else None
+            label = f"[{item}]"
+            if isinstance(node, dict) and "id" in node:
+                label += f" (id={node['id']})"
+            parts.append(label)
+        else:
+            node = node.get(item) if isinstance(node, dict) else None
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def load_pack(path: str | Path) -> Pack:
+    path = Path(path)
+    data = read_pack_data(path)
+    try:
+        return Pack.model_validate(data)
+    except ValidationError as error:
+        lines = [f"{_field_name(e['loc'], data)}: {e['msg']}" for e in error.errors()]
+        raise PackError(f"{path}: invalid pack: " + "; ".join(lines)) from None
+
+
+def pack_files(folder: Path) -> list[Path]:
+    """The pack files directly inside a folder (sub-folders hold data and reports)."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in PACK_SUFFIXES)
+
+
+class PackRegistry:
+    """Packs by id: the official folder first, then each extra folder in order."""
+
+    def __init__(self, packs: dict[str, Pack], sources: dict[str, Path]):
+        self._packs = packs
+        self.sources = sources  # pack id -> the file it came from
+
+    @classmethod
+    def load(cls, folders: list[str | Path] = (), *, include_official: bool = True) -> PackRegistry:
+        packs: dict[str, Pack] = {}
+        sources: dict[str, Path] = {}
+        roots = ([OFFICIAL_PACKS_DIR] if include_official else []) + [Path(f) for f in folders]
+        for folder in roots:
+            if not folder.is_dir():
+                raise PackError(f"{folder}: not a folder of pack files")
+            for path in pack_files(folder):
+                pack = load_pack(path)
+                if pack.id in packs:
+                    raise PackError(f"{path}: id {pack.id!r} is already loaded from {sources[pack.id]}")
+                packs[pack.id], sources[pack.id] = pack, path
+        return cls(packs, sources)
+
+    def get(self, pack_id: str) -> Pack:
+        if pack_id not in self._packs:
+            raise UnknownPackError(pack_id, list(self._packs))
+        return self._packs[pack_id]
+
+    def ids(self) -> list[str]:
+        return sorted(self._packs)
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """What `GET /v1/packs` lists."""
+        return [
+            {"id": p.id, "version": p.version, "description": p.description,
+             "questions": [q.id for q in p.questions], "categories": [c.id for c in p.categories],
+             "decisions": [d.id for d in p.decisions],
+             "calibrated": sorted(p.calibration.questions) + sorted(p.calibration.categories)}
+            for p in (self._packs[i] for i in self.ids())
+        ]
+
+
+# ---- pack -> queries -------------------------------------------------------------------
+
+
+def query_id(pack: Pack, question_id: str) -> str:
+    return f"{pack.id}{QUERY_ID_SEPARATOR}{question_id}"
+
+
+def question_queries(pack: Pack, question: PackQuestion) -> list[tuple[Query, Ordering | None]]:
+    base_id = query_id(pack, question.id)
+    if not question.is_lettered:
+        query = Query(id=base_id, template=question.template, options=question.options, answer_in=question.answer_in)
+        return [(query, None)]
+    texts = [c.text for c in question.choices]
+    return list(expand_orderings(base_id, question.template, texts, question.orderings, answer_in=question.answer_in))
+
+
+def expand_pack(pack: Pack) -> list[Query]:
+    """The queries the engine scores for a pack, question order kept, orderings adjacent."""
+    return [query for q in pack.questions for query, _ in question_queries(pack, q)]
+
+
+# ---- answers -> questions, categories, decisions ---------------------------------------
+
+
+def _calibrator(calibration: Calibration | None) -> Calibrator | None:
+    return Calibrator(calibration.method, dict(calibration.params)) if calibration else None
+
+
+def _options_of(result: QueryResult) -> list:
+    return result.combinations[0].options  # pack questions have no value grid: one combination
+
+
+def score_question(pack: Pack, question: PackQuestion, by_id: dict[str, QueryResult]) -> dict[str, Any]:
+    """Raw score of one question: the summed p (and floor_p) of its positive answers."""
+    expanded = question_queries(pack, question)
+    missing = [q.id for q, _ in expanded if q.id not in by_id]
+    if missing:
+        raise KeyError(f"no result for pack quer(ies) {missing}")
+    if not question.is_lettered:
+        options = _options_of(by_id[expanded[0][0].id])
+        p: float | None = sum(o.p for o in options if o.text in question.positive)
+        floor_p = sum(o.floor_p for o in options if o.text in question.positive)
+        return {"p": p, "floor_p": floor_p, "options": {o.text: o.p for o in options}}
+    choice_ids = [c.id for c in question.choices]
+    orderings = [o for _, o in expanded]
+    letter_p = [[o.p for o in _options_of(by_id[q.id])] for q, _ in expanded]
+    letter_floor = [[o.floor_p for o in _options_of(by_id[q.id])] for q, _ in expanded]
+    combined = combine_orderings(orderings, letter_p)
+    floors = combine_orderings(orderings, letter_floor).probabilities
+    positive = [choice_ids.index(c) for c in question.positive]
+    return {
+        "p": sum(combined.probabilities[i] for i in positive) if positive else None,
+        "floor_p": sum(floors[i] for i in positive) if positive else None,
+        "choices": dict(zip(choice_ids, combined.probabilities, strict=True)),
+        "combined": combined.as_dict(choice_ids),
+    }
+
+
+def member_scores(questions: dict[str, dict[str, Any]], key: str) -> dict[str, float]:
+    """Scores by category member: "q" -> the question's `key` score, "q/c" -> choice c's p."""
+    scores: dict[str, float] = {}
+    for question_id, entry in questions.items():
+        value = entry[key] if entry[key] is not None else entry["p"]
+        if value is not None:
+            scores[question_id] = value
+        for choice_id, p in entry.get("choices", {}).items():
+            scores[f"{question_id}/{choice_id}"] = p
+    return scores
+
+
+def combine_scores(category: Category, pack: Pack, scores: dict[str, float]) -> float:
+    values = [scores[m] for m in category.questions]
+    if category.combine == "max":
+        return max(values)
+    if category.combine == "noisy_or":
+        return 1.0 - math.prod(1.0 - v for v in values)
+    weights = [pack.question(m.split("/")[0]).weight for m in category.questions]
+    return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
+
+
+def decide(decision: Decision, scores: dict[str, float]) -> str:
+    if decision.argmax_of:
+        return max(decision.argmax_of, key=lambda c: scores[c])  # first listed wins a tie
+    for rule in decision.rules:
+        if scores[rule.category] >= rule.at_least:
+            return rule.label
+    return decision.default or ""
+
+
+def apply_pack(pack: Pack, results: list[QueryResult]) -> dict[str, Any]:
+    """Questions (raw p, calibrated_p, floor_p), category scores (raw and calibrated) and
+    decisions (on calibrated category scores where fitted) from one content's results."""
+    by_id = {r.id: r for r in results}
+    questions: dict[str, dict[str, Any]] = {}
+    for question in pack.questions:
+        entry = score_question(pack, question, by_id)
+        calibrator = _calibrator(pack.calibration.questions.get(question.id))
+        is_fitted = calibrator is not None and entry["p"] is not None
+        entry["calibrated_p"] = float(calibrator.apply(entry["p"])) if is_fitted else None
+        questions[question.id] = entry
+    raw = member_scores(questions, "p")
+    calibrated = member_scores(questions, "calibrated_p")
+    categories: dict[str, dict[str, Any]] = {}
+    for category in pack.categories:
+        calibrator = _calibrator(pack.calibration.categories.get(category.id))
+        merged = combine_scores(category, pack, calibrated)
+        categories[category.id] = {
+            "score": combine_scores(category, pack, raw),
+            "calibrated_score": float(calibrator.apply(merged)) if calibrator else None,
+        }
+    best = {c: (e["calibrated_score"] if e["calibrated_score"] is not None else e["score"]) for c, e in categories.items()}
+    decisions = {d.id: decide(d, best) for d in pack.decisions}
+    return {"pack": pack.id, "version": pack.version, "questions": questions,
+            "categories": categories, "decisions": decisions}
+
+
+# ---- writing a fit back ----------------------------------------------------------------
+
+
+def write_calibration(path: str | Path, calibration: PackCalibration) -> Pack:
+    """Replace the pack file's `calibration` section, keeping the hand-written part (and
+    its comments) byte for byte: in YAML the section is the last top-level key."""
+    path = Path(path)
+    section = calibration.model_dump(mode="json", exclude_none=True)
+    if path.suffix == ".json":
+        data = read_pack_data(path)
+        data["calibration"] = section
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    else:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        cut = next((i for i, line in enumerate(lines) if line.startswith("calibration:")), len(lines))
+        if cut > 0 and lines[cut - 1].startswith(_WRITTEN_BY):
+            cut -= 1
+        head = "".join(lines[:cut]).rstrip("\n") + "\n\n"
+        body = yaml.safe_dump({"calibration": section}, sort_keys=False, allow_unicode=True, width=100)
+        path.write_text(head + _WRITTEN_BY + "; edit above this line.\n" + body, encoding="utf-8")
+    return load_pack(path)
