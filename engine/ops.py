@@ -5,7 +5,9 @@ BLAS picks its kernel (and so its reduction order) by the shape of the whole mat
 `linear(x[:1]) != linear(x)[:1]` in general. The packer starts every content at a multiple
 of ROW_CHUNK and pads it to a multiple of ROW_CHUNK; `linear` then runs one fixed-shape
 matmul per ROW_CHUNK rows, so a row's result depends only on that row.
-On CUDA the same holds through a fixed-tile Triton matmul (the GPU issue).
+On CUDA the same holds through fixed-tile Triton kernels (engine/kernels/): `linear` runs
+the persistent bf16 matmul (or the fp8 one for an `Fp8Weight`), `rms_norm` one program per
+row; neither depends on the number of rows, so there is no chunk loop there.
 """
 
 from __future__ import annotations
@@ -13,26 +15,47 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import fp8_matmul, matmul
+from engine.kernels import rms_norm as rms_norm_kernels
+from engine.kernels.fp8_matmul import Fp8Weight
+
 ROW_CHUNK = 64  # rows per fixed-shape matmul; the packer aligns contents to it
-SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; each content's scored rows are padded to it
 SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tree's scored rows to it
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, row_chunk: int = ROW_CHUNK
+    x: torch.Tensor,
+    weight: torch.Tensor | Fp8Weight,
+    bias: torch.Tensor | None = None,
+    row_chunk: int = ROW_CHUNK,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """x: [T, D_in] with T a multiple of row_chunk; weight: [D_out, D_in] -> [T, D_out]."""
+    """x: [T, D_in]; weight: [D_out, D_in] (or an Fp8Weight) -> [T, D_out] in out_dtype (x's).
+
+    On CPU T must be a multiple of row_chunk. out_dtype=float32 on CUDA keeps the kernel's
+    fp32 accumulator (the LM head); on CPU it only casts."""
+    if x.is_cuda:
+        if isinstance(weight, Fp8Weight):
+            out = fp8_matmul.fp8_linear(x, weight, bias)
+            return out if out_dtype in (None, out.dtype) else out.to(out_dtype)
+        return matmul.matmul(x, weight, bias, out_dtype=out_dtype)
     num_rows = x.shape[0]
     if num_rows % row_chunk:
         raise ValueError(f"linear: {num_rows} rows is not a multiple of row_chunk={row_chunk}")
     out = x.new_empty(num_rows, weight.shape[0])
     for start in range(0, num_rows, row_chunk):
-        out[start : start + row_chunk] = F.linear(x[start : start + row_chunk], weight, bias)
-    return out
+        rows = slice(start, start + row_chunk)
+        if isinstance(weight, Fp8Weight):  # quantize-dequantize emulation (drift studies)
+            out[rows] = fp8_matmul.fp8_linear_reference(x[rows], weight, bias)
+        else:
+            out[rows] = F.linear(x[rows], weight, bias)
+    return out if out_dtype in (None, out.dtype) else out.to(out_dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
     """x: [..., D] -> [..., D], computed in fp32. Gemma stores (weight - 1): weight_offset=1."""
+    if x.is_cuda:
+        return rms_norm_kernels.rms_norm(x, weight, eps, weight_offset)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (x32 * (weight.float() + weight_offset)).to(x.dtype)
@@ -53,3 +76,12 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, H, head_dim]."""
     return x * cos + rotate_half(x) * sin
+
+
+def norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, weight_offset: float = 0.0
+) -> torch.Tensor:
+    """Per-head q/k RMSNorm then RoPE: x [T, H, d], cos/sin [T, 1, d]. One fused kernel on CUDA."""
+    if x.is_cuda:
+        return rms_norm_kernels.qk_norm_rope(x, weight, cos, sin, eps, weight_offset)
+    return apply_rope(rms_norm(x, weight, eps, weight_offset), cos, sin)
