@@ -5,8 +5,9 @@
 Every content's token tree occupies its own span of the packed stream, aligned to
 ROW_CHUNK. Inside a span a token sees its ancestors and itself (the tree mask); nothing
 crosses spans. On CPU each span runs its own SDPA with a boolean mask, so a content's
-attention has the same shapes whatever it is packed with (batch invariance). On CUDA the
-same mask becomes a flex_attention block mask (the GPU issue builds that path).
+attention has the same shapes whatever it is packed with (batch invariance). On CUDA
+`engine.attention_cuda.prepare_cuda_attention` turns the same masks into a flex_attention
+block mask (`meta.block_mask`), and `tree_attention` runs the compiled flex kernel.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def tree_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, d]
+    if meta.block_mask is not None:
+        from engine.attention_cuda import flex_tree_attention  # imports flex_attention lazily
+
+        return flex_tree_attention(q, k, v, meta.block_mask, scale, sliding_window)
     out = torch.empty_like(q)
     for span in meta.spans:
         rows = slice(span.start, span.start + span.num_tokens)

@@ -1,0 +1,172 @@
+"""Tree attention on CUDA: the packer's per-span tree masks as a flex_attention BlockMask.
+
+    AttentionMetadata(spans: CPU [n, n] bool masks)
+      --prepare_cuda_attention (CPU: pack mask rows to bits, classify 64x64 blocks)-->
+    AttentionMetadata(block_mask=TreeBlockMasks)   (GPU: bits, per-token span tables, block tables)
+      --tree_attention -> flex_tree_attention--> compiled flex_attention, one BlockMask per window
+
+Blocks are BLOCK_SIZE = ROW_CHUNK = 64 tokens, and the packer starts every tree at a multiple
+of 64, so a content's tiles (which are empty, partial or full, and in what order they are
+visited) are the same wherever it sits: its attention is bit-identical alone or packed.
+Inside a partial block the mask_mod reads one bit of the span's mask:
+    bits[row_base[q] + (kv - span_start[q]) // 32] >> ((kv - span_start[q]) % 32) & 1
+(+ `pos[q] - pos[kv] < window` on sliding layers). The stream is padded to a multiple of
+BUCKET tokens so flex_attention compiles once per bucket, not once per pass.
+Construction is vectorised per span (numpy packbits, block any/all); there is no loop per
+token, so it costs a few milliseconds per 16k-token pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from engine.ops import ROW_CHUNK
+
+BLOCK_SIZE = ROW_CHUNK  # flex tile = packer alignment: the batch-invariance argument above
+BUCKET = 2048  # the stream is padded to a multiple of this (one compiled kernel per bucket)
+# Fixed tile shape and launch config: flex's defaults may vary with the problem, and a tile
+# larger than BLOCK_SIZE would mix tokens of neighbouring contents in one reduction order.
+KERNEL_OPTIONS = {"BLOCK_M": BLOCK_SIZE, "BLOCK_N": BLOCK_SIZE, "num_warps": 4, "num_stages": 2}
+
+_compiled_flex = None
+
+
+@dataclass(slots=True)
+class TreeBlockMasks:
+    num_tokens: int  # real stream length T (a multiple of BLOCK_SIZE)
+    num_padded: int  # T rounded up to BUCKET
+    bits: torch.Tensor  # [capacity] int32: every span's mask rows, 32 columns a word
+    row_base: torch.Tensor  # [Tp] int64: first word of token q's mask row
+    span_start: torch.Tensor  # [Tp] int64: first token of q's span (pads: Tp)
+    span_end: torch.Tensor  # [Tp] int64: one past the last token of q's span (pads: Tp)
+    positions: torch.Tensor  # [Tp] int64: RoPE positions (depth), for sliding windows
+    any_blocks: torch.Tensor  # [Tp/64, Tp/64] bool: the tree mask has a True in the block
+    full_blocks: torch.Tensor  # [Tp/64, Tp/64] bool: the tree mask is all True in the block
+    block_pos_min: torch.Tensor  # [Tp/64] int64 per block, for window classification
+    block_pos_max: torch.Tensor
+    _by_window: dict[int | None, BlockMask] = field(default_factory=dict)
+
+    def for_window(self, window: int | None) -> BlockMask:
+        if window not in self._by_window:
+            self._by_window[window] = self._build(window)
+        return self._by_window[window]
+
+    def _build(self, window: int | None) -> BlockMask:
+        full, any_ = self.full_blocks, self.any_blocks
+        if window is not None:  # conservative: full only if every pair is in the window
+            full = full & (self.block_pos_max[:, None] - self.block_pos_min[None, :] < window)
+            any_ = any_ & (self.block_pos_min[:, None] - self.block_pos_max[None, :] < window)
+        partial = any_ & ~full
+        kv_num, kv_idx = _dense_to_ordered(partial)
+        full_num, full_idx = _dense_to_ordered(full)
+        return BlockMask.from_kv_blocks(
+            kv_num[None, None], kv_idx[None, None], full_num[None, None], full_idx[None, None],
+            BLOCK_SIZE=BLOCK_SIZE, mask_mod=self._mask_mod(window), seq_lengths=(self.num_padded, self.num_padded),
+        )
+
+    def _mask_mod(self, window: int | None):
+        bits, row_base, span_start, span_end, pos = self.bits, self.row_base, self.span_start, self.span_end, self.positions
+
+        def tree_mask_mod(b, h, q, kv):
+            offset = kv - span_start[q]
+            in_span = (kv >= span_start[q]) & (kv < span_end[q])
+            word = bits[row_base[q] + torch.where(in_span, offset, 0) // 32]
+            keep = in_span & (((word >> (offset % 32)) & 1) == 1)
+            if window is not None:
+                keep = keep & (pos[q] - pos[kv] < window)
+            return keep
+
+        return tree_mask_mod
+
+
+def _dense_to_ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[nq, nk] bool -> (count [nq] int32, indices [nq, nk] int32, the True columns first, ascending)."""
+    counts = dense.sum(-1, dtype=torch.int32)
+    order = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True)
+    return counts, order.to(torch.int32)
+
+
+def prepare_cuda_attention(meta, device: torch.device | str):
+    """AttentionMetadata with CPU span masks -> the same with `block_mask` set (spans kept)."""
+    from engine.attention import AttentionMetadata
+
+    return AttentionMetadata(spans=meta.spans, block_mask=build_tree_block_masks(meta.spans, torch.device(device)))
+
+
+def build_tree_block_masks(spans, device: torch.device, bucket: int = BUCKET) -> TreeBlockMasks:
+    num_tokens = spans[-1].start + spans[-1].num_tokens
+    num_padded = -(-num_tokens // bucket) * bucket
+    num_blocks = num_padded // BLOCK_SIZE
+    row_base = np.zeros(num_padded, dtype=np.int64)
+    span_start = np.full(num_padded, num_padded, dtype=np.int64)
+    span_end = np.full(num_padded, num_padded, dtype=np.int64)
+    positions = np.zeros(num_padded, dtype=np.int64)
+    any_blocks = np.zeros((num_blocks, num_blocks), dtype=bool)
+    full_blocks = np.zeros((num_blocks, num_blocks), dtype=bool)
+    words: list[np.ndarray] = []
+    num_words = 0
+    for span in spans:
+        mask = span.mask.numpy() if isinstance(span.mask, torch.Tensor) else span.mask
+        n, start = mask.shape[0], span.start
+        if n % BLOCK_SIZE or start % BLOCK_SIZE:
+            raise ValueError(f"span at {start} of {n} tokens is not aligned to {BLOCK_SIZE}")
+        span_bits = np.packbits(mask, axis=1, bitorder="little").view("<i4")  # [n, n/32]
+        rows = slice(start, start + n)
+        row_base[rows] = num_words + np.arange(n) * (n // 32)
+        span_start[rows], span_end[rows] = start, start + n
+        positions[rows] = np.asarray(span.positions)
+        blocks = span_bits.reshape(n // BLOCK_SIZE, BLOCK_SIZE, n // BLOCK_SIZE, BLOCK_SIZE // 32)
+        b0, nb = start // BLOCK_SIZE, n // BLOCK_SIZE
+        any_blocks[b0 : b0 + nb, b0 : b0 + nb] = (blocks != 0).any(axis=(1, 3))
+        full_blocks[b0 : b0 + nb, b0 : b0 + nb] = (blocks == -1).all(axis=(1, 3))
+        words.append(span_bits.reshape(-1))
+        num_words += span_bits.size
+    block_pos = positions.reshape(num_blocks, BLOCK_SIZE)
+    # Capacity depends only on the bucket, so the compiled kernel's input shapes repeat.
+    bits = torch.zeros(num_padded * num_padded // 32, dtype=torch.int32, device=device)
+    bits[:num_words].copy_(torch.from_numpy(np.concatenate(words)))
+
+    def to_dev(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(device, non_blocking=True)
+
+    return TreeBlockMasks(
+        num_tokens=num_tokens, num_padded=num_padded, bits=bits,
+        row_base=to_dev(row_base), span_start=to_dev(span_start), span_end=to_dev(span_end),
+        positions=to_dev(positions), any_blocks=to_dev(any_blocks), full_blocks=to_dev(full_blocks),
+        block_pos_min=to_dev(block_pos.min(axis=1)), block_pos_max=to_dev(block_pos.max(axis=1)),
+    )
+
+
+def flex_tree_attention(
+    q: torch.Tensor,  # [T, Hq, d]
+    k: torch.Tensor,  # [T, Hkv, d]
+    v: torch.Tensor,  # [T, Hkv, d]
+    masks: TreeBlockMasks,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [T, Hq, d]
+    num_tokens, num_pad = q.shape[0], masks.num_padded - q.shape[0]
+
+    def heads_first(x: torch.Tensor) -> torch.Tensor:  # [T, H, d] -> [1, H, Tp, d]
+        return torch.nn.functional.pad(x, (0, 0, 0, 0, 0, num_pad)).transpose(0, 1)[None]
+
+    out = _flex(q.is_cuda)(
+        heads_first(q), heads_first(k), heads_first(v), block_mask=masks.for_window(sliding_window),
+        scale=scale, enable_gqa=q.shape[1] != k.shape[1], kernel_options=KERNEL_OPTIONS if q.is_cuda else None,
+    )  # [1, Hq, Tp, d]
+    return out[0, :, :num_tokens].transpose(0, 1)
+
+
+def _flex(is_cuda: bool):
+    """flex_attention compiled on first use (CUDA); eager on CPU, where the tests run."""
+    global _compiled_flex
+    if not is_cuda:
+        return flex_attention
+    if _compiled_flex is None:
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex

@@ -1,0 +1,9 @@
+"""Inputs for the kernel tests."""
+
+import torch
+
+
+def fresh(shape, device="cpu", dtype=torch.bfloat16, seed=0, scale=1.0) -> torch.Tensor:
+    """Random data from its own generator (never zeros: they hide unwritten outputs)."""
+    gen = torch.Generator(device).manual_seed(seed)
+    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
