@@ -1,0 +1,40 @@
+"""The HTTP service: `create_app(settings)` wires routes, auth, admission control and metrics.
+
+    client --HTTP--> AdmissionMiddleware (413/429) --> route (auth: bearer key)
+        --> spinf_jobs.submit (Redis + RQ) ... workers score ... --> job record / results
+
+Never imports torch: the API only validates, enqueues, waits and reads results.
+"""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from api.errors import install_error_handlers
+from api.metrics import make_metrics
+from api.middleware import AdmissionMiddleware
+from api.routes import chat, health, jobs, models, score
+from spinf_jobs.s3 import make_client
+from spinf_jobs.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    if not settings.redis_url:
+        raise ValueError("redis_url is empty: set SPINF_REDIS_URL (or use `spinf-jobs serve`)")
+    app = FastAPI(title="spinf-jobs", version="0.1.0", summary="Batch scoring with LLMs: read once, answer many")
+    app.state.settings = settings
+    app.state.redis = redis.Redis.from_url(settings.redis_url)
+    app.state.aredis = aioredis.Redis.from_url(settings.redis_url)
+    app.state.s3 = make_client(settings)
+    app.state.keys_by_hash = {key.sha256.lower(): key for key in settings.api_keys}
+    app.state.metrics = make_metrics(app.state.redis, settings)
+    for module in (health, models, score, chat, jobs):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    app.add_middleware(
+        AdmissionMiddleware, settings=settings, aredis=app.state.aredis, latency=app.state.metrics.http_latency
+    )
+    return app

@@ -1,0 +1,49 @@
+"""Error bodies in the OpenAI shape: {"error": {"message", "type", "param", "code"}}.
+
+    RequestValidationError (malformed body) -> 422, `param` names the first bad field
+    HTTPException (401/403/404/409/413/429/504)  -> same shape, headers kept (Retry-After)
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+          413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 504: "timeout_error"}
+
+
+class ApiError(HTTPException):
+    """An HTTP error with a field name and extra body fields (e.g. the job id of a 504)."""
+
+    def __init__(self, status_code: int, message: str, param: str | None = None, headers=None, **extra):
+        super().__init__(status_code=status_code, detail=message, headers=headers)
+        self.param = param
+        self.extra = extra
+
+
+def error_body(status_code: int, message: str, param: str | None = None, **extra) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status_code, "api_error"), "param": param,
+                      "code": status_code, **extra}}
+
+
+def field_of(location: tuple) -> str:
+    parts = [str(part) for part in location if part not in ("body", "query", "header", "path")]
+    return ".".join(parts) or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {"loc": ("body",), "msg": "invalid body"}
+        param = field_of(tuple(first["loc"]))
+        message = f"{param}: {first['msg']}"
+        return JSONResponse(status_code=422, content=error_body(422, message, param))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, error: HTTPException) -> JSONResponse:
+        extra = getattr(error, "extra", {})
+        body = error_body(error.status_code, str(error.detail), getattr(error, "param", None), **extra)
+        return JSONResponse(status_code=error.status_code, content=body, headers=error.headers)

@@ -1,0 +1,66 @@
+"""Prometheus metrics: per-app registry, HTTP latency here, queue and pass numbers from Redis.
+
+    API process: spinf_http_request_seconds{route,method,status}, spinf_score_wait_seconds
+    scrape time: spinf_queue_depth{queue}, spinf_queued_rows, spinf_workers (Redis state)
+                 spinf_rows_total, spinf_rows_failed_total, spinf_passes_total,
+                 spinf_pass_tokens_total, spinf_pass_budget_tokens_total (worker counters in
+                 Redis; rows/s = rate(spinf_rows_total), pass fill = rate(tokens)/rate(budget))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from redis import Redis
+
+from api.served import live_workers
+from spinf_jobs import queues
+from spinf_jobs.settings import Settings
+
+_COUNTERS = {
+    "rows_total": "Rows scored or settled with an error by the workers",
+    "rows_failed_total": "Rows that got an error row",
+    "passes_total": "Forward passes run",
+    "pass_tokens_total": "Tokens packed into passes",
+    "pass_budget_tokens_total": "Token budget of the passes run (fill = tokens / budget)",
+}
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+@dataclass(slots=True)
+class Metrics:
+    registry: CollectorRegistry
+    http_latency: Histogram
+    score_wait: Histogram
+
+
+class RedisCollector:
+    def __init__(self, r: Redis, settings: Settings) -> None:
+        self.r = r
+        self.settings = settings
+
+    def collect(self):
+        depth = GaugeMetricFamily("spinf_queue_depth", "RQ jobs waiting per queue", labels=["queue"])
+        for key in sorted(self.r.scan_iter(match=f"rq:queue:{queues.PREFIX}:*", count=500)):
+            name = key.decode()
+            if name.count(":") == 4:  # rq:queue:spinf:<model>:<sync|batch>
+                depth.add_metric([name.removeprefix("rq:queue:")], self.r.llen(name))
+        yield depth
+        yield GaugeMetricFamily("spinf_queued_rows", "Rows queued and not settled (429 gauge)",
+                                value=int(self.r.get(queues.QUEUED_ROWS_KEY) or 0))
+        yield GaugeMetricFamily("spinf_workers", "Live workers", value=len(live_workers(self.r, self.settings)))
+        stats = {k.decode(): int(v) for k, v in self.r.hgetall(queues.STATS_KEY).items()}
+        for name, help_text in _COUNTERS.items():
+            yield CounterMetricFamily(f"spinf_{name.removesuffix('_total')}", help_text, value=stats.get(name, 0))
+
+
+def make_metrics(r: Redis, settings: Settings) -> Metrics:
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(r, settings))
+    http_latency = Histogram("spinf_http_request_seconds", "HTTP request latency", ["route", "method", "status"],
+                             registry=registry, buckets=_LATENCY_BUCKETS)
+    score_wait = Histogram("spinf_score_wait_seconds", "Queue + scoring time of /v1/score and chat calls",
+                           registry=registry, buckets=_LATENCY_BUCKETS)
+    return Metrics(registry, http_latency, score_wait)

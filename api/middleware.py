@@ -1,0 +1,83 @@
+"""Admission control before any body is read: 413 for large bodies, 429 past `max_queue`.
+
+    POST /v1/score | /v1/chat/completions | /v1/jobs
+      Content-Length > max_body_bytes                -> 413 (a body streamed without a length
+                                                        is counted and cut at the limit)
+      queued rows (Redis gauge) >= max_queue          -> 429 + Retry-After
+    every request: latency observed into the app's Prometheus histogram
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from starlette.exceptions import HTTPException
+
+from api.errors import error_body
+from spinf_jobs import queues
+
+ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/jobs")
+
+
+class AdmissionMiddleware:
+    def __init__(self, app, settings, aredis, latency) -> None:
+        self.app = app
+        self.settings = settings
+        self.aredis = aredis
+        self.latency = latency  # Histogram(route, method, status)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            refusal = await self._refusal(scope) if scope["method"] == "POST" else None
+            if refusal is not None:
+                await _send_json(send_status, *refusal)
+            else:
+                await self.app(scope, self._limited(receive), send_status)
+        finally:
+            route = scope.get("route")
+            label = getattr(route, "path", "unmatched")
+            self.latency.labels(label, scope["method"], str(status["code"])).observe(time.perf_counter() - started)
+
+    async def _refusal(self, scope) -> tuple | None:
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
+            return 413, f"the body is {int(length)} bytes; the limit is {self.settings.max_body_bytes}", {}
+        if scope["path"] in ADMITTED_PATHS:
+            num_queued = int(await self.aredis.get(queues.QUEUED_ROWS_KEY) or 0)
+            if num_queued >= self.settings.max_queue:
+                message = f"{num_queued} rows are queued (limit {self.settings.max_queue}); retry later"
+                return 429, message, {"retry-after": str(self.settings.retry_after_s)}
+        return None
+
+    def _limited(self, receive):
+        remaining = {"bytes": self.settings.max_body_bytes}
+
+        async def receive_limited():
+            message = await receive()
+            if message["type"] == "http.request":
+                remaining["bytes"] -= len(message.get("body", b""))
+                if remaining["bytes"] < 0:
+                    raise HTTPException(413, f"the body is larger than {self.settings.max_body_bytes} bytes")
+            return message
+
+        return receive_limited
+
+
+async def _send_json(send, status: int, message: str, headers: dict) -> None:
+    body = orjson.dumps(error_body(status, message))
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,79 @@
+"""POST /v1/chat/completions: OpenAI shape; the `scoring` block (SDK `extra_body`) is required.
+
+    {model, messages, scoring} -> /v1/score's path -> chat.completion with the scores in `scoring`
+    and, as the assistant message, each query's most likely option (JSON).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+import orjson
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import KeyDep
+from api.errors import ApiError
+from api.sync_calls import score_sync
+from spinf_jobs.protocol import Message, ScoringRequest, ScoringSpec
+
+router = APIRouter()
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # name, tool fields: not used for scoring
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def to_message(self) -> Message:
+        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return Message(role="system" if self.role == "developer" else self.role, content=text)
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # temperature, max_tokens...: nothing is generated
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    scoring: ScoringSpec | None = None
+    debug: bool = False
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatRequest, key: KeyDep) -> dict:
+    """A chat.completion whose `scoring` field is the /v1/score response."""
+    if body.scoring is None:
+        raise ApiError(422, "scoring: this service scores options; send a `scoring` block"
+                       " (OpenAI SDK: extra_body={'scoring': {...}})", param="scoring")
+    scoring_request = ScoringRequest(
+        model=body.model, messages=[m.to_message() for m in body.messages], scoring=body.scoring, debug=body.debug
+    )
+    response = await score_sync(request, key, scoring_request)
+    usage = response["usage"]
+    num_prompt_tokens = usage["content_tokens"] + usage["question_tokens"] + usage["option_tokens"]
+    return {
+        "id": "chatcmpl-" + uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": response["model"],
+        "system_fingerprint": response["system_fingerprint"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": _best_options(response)},
+                     "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": num_prompt_tokens, "completion_tokens": 0, "total_tokens": num_prompt_tokens},
+        "scoring": response,
+    }
+
+
+def _best_options(response: dict) -> str:
+    """{query id: most likely option} (a list over combinations for a grid), as JSON."""
+    best = {}
+    for result in response["results"]:
+        picks = [max(c["options"], key=lambda o: o["p"])["text"] for c in result["combinations"]]
+        best[result["id"]] = picks[0] if len(picks) == 1 else picks
+    return orjson.dumps(best).decode()

@@ -1,0 +1,52 @@
+"""GET /health (open) and GET /metrics (Prometheus text)."""
+
+from __future__ import annotations
+
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+import rq
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from api.deps import KeyDep, RedisDep, SettingsDep
+from api.served import live_workers, served_models
+from spinf_jobs import queues
+
+router = APIRouter()
+
+
+def _package_version() -> str:
+    try:
+        return version("spinf-jobs")
+    except PackageNotFoundError:
+        return "source"
+
+
+@router.get("/health")
+def health(r: RedisDep, settings: SettingsDep) -> dict:
+    """Open: versions, models (fingerprints, limits), queue depths, workers."""
+    models = served_models(r, settings)
+    depths = {}
+    for model in models:
+        pair = queues.queue_pair(model)
+        depths[model] = {"sync": r.llen(f"rq:queue:{pair.sync}"), "batch": r.llen(f"rq:queue:{pair.batch}")}
+    return {
+        "status": "ok",
+        "versions": {"spinf_jobs": _package_version(), "python": platform.python_version(), "rq": rq.__version__,
+                     "redis": r.info("server").get("redis_version")},
+        "default_model": settings.default_model,
+        "models": [{"id": m.id, **m.info, "workers": m.workers} for m in models.values()],
+        "limits": {"max_queue": settings.max_queue, "max_body_bytes": settings.max_body_bytes,
+                   "max_num_inline_items": settings.max_num_inline_items, "chunk_num_rows": settings.chunk_num_rows,
+                   "sync_timeout_s": settings.sync_timeout_s, "result_ttl_s": settings.result_ttl_s},
+        "queues": depths,
+        "queued_rows": int(r.get(queues.QUEUED_ROWS_KEY) or 0),
+        "workers": sorted(w["name"] for w in live_workers(r, settings)),
+    }
+
+
+@router.get("/metrics")
+def metrics(request: Request, key: KeyDep) -> Response:
+    """Prometheus exposition of this API process and the service's Redis state."""
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

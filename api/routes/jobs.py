@@ -1,0 +1,114 @@
+"""Jobs: submit (inline rows or an S3 dataset), status, streamed JSONL results, cancel.
+
+    POST /v1/jobs [Idempotency-Key] -> 201 JobView (200 with the same job on a retried key)
+    GET  /v1/jobs/{id}              -> JobView (404 for another key's job)
+    GET  /v1/jobs/{id}/results      -> JSONL rows {custom_id, response} | {custom_id, error}
+    POST /v1/jobs/{id}/cancel       -> JobView
+S3 locations are checked against the key's allow-lists (403) before any S3 call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from fastapi import APIRouter, Header, Response
+from fastapi.responses import StreamingResponse
+
+from api.deps import KeyDep, RedisDep, S3Dep, SettingsDep
+from api.errors import ApiError
+from api.served import resolve_model
+from spinf_jobs import datasets, jobstore, queues
+from spinf_jobs.payloads import JobCreate, JobView
+from spinf_jobs.s3 import get_bytes, is_allowed, parse_s3_uri
+from spinf_jobs.settings import ApiKey, Settings
+from spinf_jobs.submit import cancel, new_job_id, submit_dataset, submit_inline
+
+router = APIRouter()
+
+
+@router.post("/v1/jobs", status_code=201, response_model=JobView)
+def create_job(
+    body: JobCreate, key: KeyDep, r: RedisDep, settings: SettingsDep, response: Response,
+    idempotency_key: str | None = Header(default=None, max_length=256),
+) -> JobView:
+    """Submit a job; a retried submit with the same Idempotency-Key returns the same job."""
+    _check_s3_access(key, body)
+    if body.items is not None and len(body.items) > settings.max_num_inline_items:
+        raise ApiError(413, f"items: {len(body.items)} items; at most {settings.max_num_inline_items} inline,"
+                       " use an S3 input for more", param="items")
+    model = resolve_model(r, settings, body.model)
+    job_id = new_job_id()
+    if idempotency_key:
+        existing = _claim_idempotency_key(r, settings, key.name, idempotency_key, body, job_id)
+        if existing is not None:
+            response.status_code = 200
+            return _view_or_404(r, existing, key)
+    if body.items is not None:
+        submit_inline(r, settings, key.name, model, body.scoring, body.items, body.debug, job_id=job_id)
+    else:
+        submit_dataset(r, settings, key.name, model, body.scoring, body.input.s3, body.output.s3, body.debug,
+                       job_id=job_id)
+    return jobstore.load_view(r, job_id)
+
+
+def _check_s3_access(key: ApiKey, body: JobCreate) -> None:
+    if body.input is not None and not is_allowed(parse_s3_uri(body.input.s3), key.s3_read):
+        raise ApiError(403, f"input: this key may not read {body.input.s3}", param="input.s3")
+    if body.output is not None and not is_allowed(parse_s3_uri(body.output.s3), key.s3_write):
+        raise ApiError(403, f"output: this key may not write {body.output.s3}", param="output.s3")
+
+
+def _claim_idempotency_key(r, settings: Settings, owner: str, idem: str, body: JobCreate, job_id: str) -> str | None:
+    """None when this call owns the key (go on with `job_id`), else the job it already names."""
+    digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+    redis_key = queues.idempotency_key(owner, idem)
+    if r.set(redis_key, f"{job_id} {digest}", nx=True, ex=settings.idempotency_ttl_s):
+        return None
+    existing_id, existing_digest = r.get(redis_key).decode().split(" ")
+    if existing_digest != digest:
+        raise ApiError(409, "Idempotency-Key was used with a different body", param="Idempotency-Key")
+    return existing_id
+
+
+def _load_owned(r, job_id: str, key: ApiKey) -> dict:
+    record = jobstore.load_job(r, job_id)
+    if record is None or record.get("owner") != key.name:
+        raise ApiError(404, f"no job {job_id!r}")
+    return record
+
+
+def _view_or_404(r, job_id: str, key: ApiKey) -> JobView:
+    _load_owned(r, job_id, key)
+    return jobstore.load_view(r, job_id)
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobView)
+def get_job(job_id: str, key: KeyDep, r: RedisDep) -> JobView:
+    """Status, progress (total/done/failed), timestamps and usage."""
+    return _view_or_404(r, job_id, key)
+
+
+@router.post("/v1/jobs/{job_id}/cancel", response_model=JobView)
+def cancel_job(job_id: str, key: KeyDep, r: RedisDep, settings: SettingsDep) -> JobView:
+    """Stop the remaining chunks; rows already settled stay."""
+    _load_owned(r, job_id, key)
+    cancel(r, settings, job_id)
+    return jobstore.load_view(r, job_id)
+
+
+@router.get("/v1/jobs/{job_id}/results")
+def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingResponse:
+    """The result rows as JSONL, streamed chunk by chunk in input order."""
+    record = _load_owned(r, job_id, key)
+    status = jobstore.status_of(record)
+    if not status.is_terminal:
+        raise ApiError(409, f"job {job_id} is {status.value}; results are ready when it has ended")
+    num_chunks = int(record.get("num_chunks") or 0)
+    if record.get("output"):
+        output = parse_s3_uri(record["output"])
+        summaries = jobstore.chunk_summaries(r, job_id)
+        written = [index for index in sorted(summaries) if not summaries[index].get("cancelled")]
+        rows = (get_bytes(s3, datasets.results_uri(output, index)) for index in written)
+    else:
+        rows = jobstore.iter_inline_results(r, job_id, num_chunks)
+    return StreamingResponse(rows, media_type="application/jsonl")

@@ -1,0 +1,46 @@
+"""Synchronous scoring through the priority queue: submit one row, wait for it to settle.
+
+    ScoringRequest -> sync job (1 row, priority queue) -> BLPOP done key (deadline)
+      -> the row's response | 422 naming the engine's field | 504 with the job id
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+from fastapi import Request
+
+from api.errors import ApiError
+from api.served import resolve_model
+from spinf_jobs import jobstore, queues
+from spinf_jobs.payloads import JobItem
+from spinf_jobs.protocol import ScoringRequest
+from spinf_jobs.settings import ApiKey
+from spinf_jobs.submit import submit_inline
+
+
+async def score_sync(request: Request, key: ApiKey, body: ScoringRequest) -> dict:
+    state = request.app.state
+    settings = state.settings
+    started = time.perf_counter()
+    model = await asyncio.to_thread(resolve_model, state.redis, settings, body.model)
+    item = JobItem(custom_id="0", messages=body.messages)
+    job_id = await asyncio.to_thread(
+        submit_inline, state.redis, settings, key.name, model, body.scoring, [item], body.debug, True
+    )
+    settled = await state.aredis.blpop([queues.done_key(job_id)], timeout=settings.sync_timeout_s)
+    if settled is None:
+        raise ApiError(504, f"not scored within {settings.sync_timeout_s}s; poll GET /v1/jobs/{job_id}",
+                       job_id=job_id)
+    state.metrics.score_wait.observe(time.perf_counter() - started)
+    rows = await state.aredis.hget(queues.results_key(job_id), "0")
+    if rows is None:  # cancelled or expired before we read it
+        record = await asyncio.to_thread(jobstore.load_job, state.redis, job_id)
+        raise ApiError(409, f"job {job_id} ended without a result ({record and record.get('status')})")
+    row = orjson.loads(rows.splitlines()[0])
+    if "error" in row:
+        error = row["error"]
+        raise ApiError(422, error["message"], param=error.get("field"), job_id=job_id)
+    return row["response"]

@@ -1,0 +1,99 @@
+"""Queue names and Redis keys: the one place that spells them.
+
+    model "qwen2.5-coder-1.5b-instruct" -> QueuePair(sync="spinf:qwen2.5-coder-1.5b-instruct:sync",
+                                                     batch="spinf:qwen2.5-coder-1.5b-instruct:batch")
+
+One queue pair per served model: the sync (priority) queue carries `/v1/score` and chat
+calls, the batch queue carries job chunks and dataset plans. A worker listens on the pairs
+of the models it has loaded, sync first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import orjson
+
+PREFIX = "spinf"
+QUEUED_ROWS_KEY = f"{PREFIX}:queued_rows"
+"""Rows enqueued and not yet settled: the backpressure gauge (429 past `max_queue`)."""
+WORKERS_KEY = f"{PREFIX}:workers"
+"""Sorted set: worker name -> unix time of its last check-in."""
+STATS_KEY = f"{PREFIX}:stats"
+"""Hash of monotonic counters the workers bump (rows, passes, pass tokens) for /metrics."""
+
+CHUNK_FUNC = "workers.tasks.run_chunk"
+PLAN_FUNC = "workers.tasks.run_plan"
+FAILURE_CALLBACK = "workers.callbacks.on_chunk_failure"
+
+_SAFE_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,80}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePair:
+    sync: str  # priority: synchronous calls, drained first
+    batch: str  # job chunks and dataset plans
+
+
+def model_slug(model: str) -> str:
+    """A Redis-safe name: the model name itself, or a hash for paths and odd names."""
+    if _SAFE_NAME_RE.fullmatch(model):
+        return model
+    return "m-" + hashlib.sha256(model.encode()).hexdigest()[:16]
+
+
+def queue_pair(model: str) -> QueuePair:
+    slug = model_slug(model)
+    return QueuePair(sync=f"{PREFIX}:{slug}:sync", batch=f"{PREFIX}:{slug}:batch")
+
+
+def job_key(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}"
+
+
+def chunks_key(job_id: str) -> str:
+    """Hash: chunk index -> settled chunk summary (first write wins)."""
+    return f"{PREFIX}:job:{job_id}:chunks"
+
+
+def results_key(job_id: str) -> str:
+    """Hash: chunk index -> the chunk's result rows as JSONL (inline jobs; a retry overwrites)."""
+    return f"{PREFIX}:job:{job_id}:results"
+
+
+def rq_ids_key(job_id: str) -> str:
+    """Set of the RQ job ids of a job's chunks and plan (for cancel)."""
+    return f"{PREFIX}:job:{job_id}:rq"
+
+
+def passes_key(job_id: str) -> str:
+    """Set of `worker/pass_id` strings: the forward passes that served a job."""
+    return f"{PREFIX}:job:{job_id}:passes"
+
+
+def done_key(job_id: str) -> str:
+    """List pushed once when a job settles: synchronous callers block on it."""
+    return f"{PREFIX}:job:{job_id}:done"
+
+
+def idempotency_key(owner: str, key: str) -> str:
+    digest = hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
+    return f"{PREFIX}:idem:{digest}"
+
+
+def worker_key(name: str) -> str:
+    return f"{PREFIX}:worker:{name}"
+
+
+class JsonSerializer:
+    """RQ serializer: JSON via orjson (never pickle: payloads cross trust boundaries)."""
+
+    @staticmethod
+    def dumps(obj: object) -> bytes:
+        return orjson.dumps(obj)
+
+    @staticmethod
+    def loads(data: bytes) -> object:
+        return orjson.loads(data)

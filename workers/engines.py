@@ -1,0 +1,12 @@
+"""Engines of this process: loaded once per model, never reloaded (and never forked after)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from engine.engine import Engine, EngineConfig
+
+
+@lru_cache(maxsize=None)
+def get_engine(model: str, device: str = "auto", max_num_batched_tokens: int = 16384) -> Engine:
+    return Engine(EngineConfig(model=model, device=device, max_num_batched_tokens=max_num_batched_tokens))

@@ -1,0 +1,266 @@
+"""The GPU worker: our own greedy loop on RQ's queues, jobs and registries.
+
+    block for the first job (sync queues first) -> take more of that model's jobs without
+    blocking until the pass budget (max_num_batched_tokens) is full -> one engine.score_batch
+    for every row taken -> settle each chunk -> complete each RQ job (success or failure)
+
+RQ's own workers run one job at a time (and `Worker` forks), so this subclasses
+`SimpleWorker` for its bookkeeping (birth/death, heartbeats, success/failure handling) and
+replaces the loop. Every job held is in the StartedJobRegistry under an Execution whose
+heartbeat a background thread refreshes; a worker killed mid-pass stops heartbeating, its
+executions expire after `heartbeat_ttl_s`, and any live worker's registry cleanup re-queues
+the jobs (RQ `Retry`), so another worker finishes them. Never forks.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+
+import orjson
+from redis import Redis
+from rq import Queue, SimpleWorker
+from rq.exceptions import DequeueTimeout
+from rq.executions import Execution
+from rq.job import Job
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.timeouts import TimerDeathPenalty
+from rq.utils import now
+from rq.worker import WorkerStatus
+
+from spinf_jobs import queues
+from spinf_jobs.payloads import ChunkPayload, PlanPayload
+from spinf_jobs.settings import Settings
+from workers import tasks
+from workers.callbacks import drain_dead_chunks, on_chunk_failure
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class HeldJob:
+    job: Job
+    queue: Queue
+    execution: Execution
+    work: tasks.ChunkWork | None = None  # None for plan steps
+    num_tokens: int = 0
+
+
+class GreedyWorker(SimpleWorker):
+    death_penalty_class = TimerDeathPenalty  # works off the main thread (embedded serve, tests)
+
+    def __init__(self, connection: Redis, engines: dict, settings: Settings, s3=None, name: str | None = None):
+        self.engines = engines  # served model name -> Engine
+        self.settings = settings
+        self.s3 = s3
+        self.model_of_queue: dict[str, str] = {}
+        sync_queues, batch_queues = [], []
+        for model in engines:
+            pair = queues.queue_pair(model)
+            self.model_of_queue |= {pair.sync: model, pair.batch: model}
+            sync_queues.append(self._queue(connection, pair.sync))
+            batch_queues.append(self._queue(connection, pair.batch))
+        name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        super().__init__(
+            sync_queues + batch_queues, name=name, connection=connection, serializer=queues.JsonSerializer,
+            worker_ttl=settings.worker_ttl_s,
+        )
+        self._held: list[HeldJob] = []
+        self._held_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_maintenance = 0.0
+
+    @staticmethod
+    def _queue(connection: Redis, name: str) -> Queue:
+        return Queue(name, connection=connection, serializer=queues.JsonSerializer, death_penalty_class=TimerDeathPenalty)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def run(self, burst: bool = False) -> None:
+        """Serve until `stop()` (or, with burst, until the queues are empty)."""
+        self.register_birth()
+        self.publish()
+        beat = threading.Thread(target=self._heartbeat_forever, name=f"{self.name}-heartbeat", daemon=True)
+        beat.start()
+        try:
+            while not self._stop.is_set():
+                self.maintain_if_due()
+                if not self.drain_once(block_s=max(1, int(self.settings.maintenance_interval_s))) and burst:
+                    break
+        finally:
+            self._stop.set()
+            beat.join(timeout=5)
+            self.unpublish()
+            self.register_death()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def publish(self) -> None:
+        """Tell the API which models this worker serves (and their limits)."""
+        info = {"name": self.name, "models": [_describe(name, engine) for name, engine in self.engines.items()]}
+        with self.connection.pipeline() as pipe:
+            pipe.set(queues.worker_key(self.name), orjson.dumps(info), ex=self.settings.worker_ttl_s)
+            pipe.zadd(queues.WORKERS_KEY, {self.name: time.time()})
+            pipe.execute()
+
+    def unpublish(self) -> None:
+        with self.connection.pipeline() as pipe:
+            pipe.delete(queues.worker_key(self.name))
+            pipe.zrem(queues.WORKERS_KEY, self.name)
+            pipe.execute()
+
+    def maintain_if_due(self) -> None:
+        if time.monotonic() - self._last_maintenance < self.settings.maintenance_interval_s:
+            return
+        self._last_maintenance = time.monotonic()
+        for queue in self.queues:
+            _clean_registries(queue)
+        drain_dead_chunks(self.connection, self.s3, self.settings, self.name)
+
+    def _heartbeat_forever(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_interval_s):
+            try:
+                self.heartbeat_held()
+                self.publish()
+            except Exception:  # noqa: BLE001 - a missed beat must not kill the beater
+                log.exception("heartbeat failed")
+
+    def heartbeat_held(self) -> None:
+        ttl = self.settings.heartbeat_ttl_s
+        with self._held_lock:
+            held = list(self._held)
+        with self.connection.pipeline() as pipe:
+            self.heartbeat(pipeline=pipe)
+            for item in held:
+                item.execution.heartbeat(item.queue.started_job_registry, ttl, pipeline=pipe)
+                item.job.heartbeat(now(), ttl, pipeline=pipe, xx=True)
+            pipe.execute()
+
+    # ---- one greedy step ----------------------------------------------------------------
+
+    def drain_once(self, block_s: int = 1) -> bool:
+        """Block for one job, take more greedily, score them together. False when idle."""
+        try:
+            first = Queue.dequeue_any(
+                self.queues, block_s, connection=self.connection, serializer=queues.JsonSerializer,
+            )
+        except DequeueTimeout:
+            return False
+        if first is None:
+            return False
+        model = self.model_of_queue[first[1].name]
+        held = [self._hold(*first, model)]
+        budget = self.engines[model].config.max_num_batched_tokens
+        model_queues = [q for q in self.queues if self.model_of_queue[q.name] == model]
+        while sum(h.num_tokens for h in held) < budget:
+            more = Queue.dequeue_any(model_queues, None, connection=self.connection, serializer=queues.JsonSerializer)
+            if more is None:
+                break
+            held.append(self._hold(*more, model))
+        self._run(model, held)
+        return True
+
+    def _hold(self, job: Job, queue: Queue, model: str) -> HeldJob:
+        """Register the job as ours (started registry + execution), then load its rows."""
+        with self.connection.pipeline() as pipe:
+            execution = Execution.create(job, self.settings.heartbeat_ttl_s, pipeline=pipe, worker_name=self.name)
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            pipe.execute()
+        self.prepare_job_execution(job)
+        item = HeldJob(job, queue, execution)
+        with self._held_lock:
+            self._held.append(item)
+        if job.func_name == queues.CHUNK_FUNC:
+            self._load(item, model)
+        return item
+
+    def _load(self, item: HeldJob, model: str) -> None:
+        try:
+            payload = ChunkPayload.model_validate(item.job.kwargs["payload"])
+            item.work = tasks.load_chunk(self.connection, self.s3, payload)
+        except Exception:  # noqa: BLE001 - fails this job only; RQ retries it
+            item.work = None
+            item.num_tokens = 0
+            item.job.meta["load_error"] = traceback.format_exc()
+            return
+        engine = self.engines[model]
+        item.num_tokens = sum(_count(engine, slot.request) for slot in item.work.rows if slot.request is not None)
+
+    def _run(self, model: str, held: list[HeldJob]) -> None:
+        chunks = [h for h in held if h.work is not None]
+        rows = [slot for h in chunks if not h.work.is_cancelled for slot in h.work.rows]
+        tasks.score_rows(self.engines[model], rows)
+        self._record_stats(model, rows, sum(h.num_tokens for h in chunks))
+        for item in held:
+            self._complete(item)
+        self.set_state(WorkerStatus.IDLE)
+
+    def _complete(self, item: HeldJob) -> None:
+        try:
+            result = self._settle(item)
+        except Exception:  # noqa: BLE001 - recorded on the RQ job; RQ retries it
+            self._fail(item, traceback.format_exc())
+        else:
+            item.job.ended_at = now()
+            item.job._result = result
+            self.handle_job_success(item.job, item.queue, item.queue.started_job_registry, item.execution)
+        finally:
+            with self._held_lock:
+                self._held.remove(item)
+
+    def _settle(self, item: HeldJob) -> dict:
+        if item.job.func_name == queues.PLAN_FUNC:
+            payload = PlanPayload.model_validate(item.job.kwargs["payload"])
+            return tasks.plan_dataset(self.connection, self.s3, self.settings, payload)
+        if item.work is None:
+            raise RuntimeError(f"loading the chunk failed:\n{item.job.meta.get('load_error', '')}")
+        return tasks.settle_chunk(self.connection, self.s3, self.settings, item.work, self.name)
+
+    def _fail(self, item: HeldJob, exc_string: str) -> None:
+        item.job.ended_at = now()
+        will_retry = item.job.should_retry
+        self.handle_job_failure(item.job, item.queue, exc_string=exc_string, execution=item.execution)
+        if not will_retry and item.job.func_name == queues.CHUNK_FUNC:
+            on_chunk_failure(item.job, self.connection, RuntimeError)
+
+    def _record_stats(self, model: str, rows: list, num_tokens: int) -> None:
+        pass_ids = {p for slot in rows for p in slot.pass_ids}
+        budget = self.engines[model].config.max_num_batched_tokens
+        with self.connection.pipeline() as pipe:
+            pipe.hincrby(queues.STATS_KEY, "rows_total", len(rows))
+            pipe.hincrby(queues.STATS_KEY, "rows_failed_total", sum(slot.response is None for slot in rows))
+            pipe.hincrby(queues.STATS_KEY, "passes_total", len(pass_ids))
+            pipe.hincrby(queues.STATS_KEY, "pass_tokens_total", num_tokens)
+            pipe.hincrby(queues.STATS_KEY, "pass_budget_tokens_total", budget * len(pass_ids))
+            pipe.execute()
+
+
+def _clean_registries(queue: Queue) -> None:
+    """RQ's registry cleanup: re-queue (or fail) jobs whose worker stopped heartbeating."""
+    args = {"queue": queue, "death_penalty_class": TimerDeathPenalty}
+    StartedJobRegistry(**args).cleanup()
+    FinishedJobRegistry(**args).cleanup()
+    FailedJobRegistry(**args).cleanup()
+
+
+def _count(engine, request) -> int:
+    try:
+        return engine.count_tokens(request)
+    except Exception:  # noqa: BLE001 - score_batch reports the row's error
+        return 0
+
+
+def _describe(name: str, engine) -> dict:
+    return {
+        "id": name,
+        "aliases": sorted({engine.model_name, str(engine.config.model)} - {name}),
+        "system_fingerprint": engine.system_fingerprint,
+        "max_context_tokens": engine.max_context_tokens,
+        "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+    }
