@@ -1,0 +1,126 @@
+"""Gemma 3 text decoder (HF `gemma3_text`).
+
+    x = embed(ids) * sqrt(D)                           # scale rounded to the activation dtype
+    per layer:  x = x + post_attn_norm(attn(input_norm(x)))
+                x = x + post_ffw_norm(down(gelu_tanh(gate(pre_ffw_norm(x))) * up(pre_ffw_norm(x))))
+    logits = softcap(lm_head(norm(x)))                 # softcap only if final_logit_softcapping
+
+Differences from llama.py: every RMSNorm scales by (1 + w); q/k get a per-head norm before
+RoPE; the attention scale is query_pre_attn_scalar**-0.5; "sliding_attention" layers see
+only keys less than `sliding_window` positions back and use the local RoPE base
+(rope_parameters["sliding_attention"], from rope_local_base_freq), the global layers the
+"full_attention" one (rope_theta, with any rope scaling).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from engine.attention import AttentionMetadata, tree_attention
+from engine.models.common import (
+    CausalLM,
+    Embedding,
+    Linear,
+    RMSNorm,
+    RotaryTable,
+    embed_scale,
+    head_dim_of,
+    layer_types_of,
+    rotary_table,
+)
+from engine.ops import apply_rope
+
+GEMMA_NORM_OFFSET = 1.0  # Gemma stores the RMSNorm scale as (scale - 1)
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config, sliding_window: int | None) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        self.scale = config.query_pre_attn_scalar**-0.5
+        self.sliding_window = sliding_window
+        bias = bool(getattr(config, "attention_bias", False))
+        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = Linear(hidden, q_dim, bias=bias)
+        self.k_proj = Linear(hidden, kv_dim, bias=bias)
+        self.v_proj = Linear(hidden, kv_dim, bias=bias)
+        self.o_proj = Linear(q_dim, hidden, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, GEMMA_NORM_OFFSET)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, GEMMA_NORM_OFFSET)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, d]
+        k = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, d]
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
+        cos, sin = rope  # [T, 1, d]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = tree_attention(q, k, v, attn, self.scale, self.sliding_window)  # [T, Hq, d]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, D]
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_activation]  # gelu_pytorch_tanh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, D] -> [T, D]
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config, layer_type: str) -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        sliding_window = config.sliding_window if layer_type == "sliding_attention" else None
+        self.self_attn = Gemma3Attention(config, sliding_window)
+        self.mlp = Gemma3MLP(config)
+        dim, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
+        self.post_attention_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
+        self.pre_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
+        self.post_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, attn))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Gemma3Backbone(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, t) for t in layer_types_of(config))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, GEMMA_NORM_OFFSET)
+
+
+class Gemma3ForCausalLM(CausalLM):
+    def __init__(self, config) -> None:
+        super().__init__()
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError("gemma3_text with use_bidirectional_attention is an encoder; not served")
+        if getattr(config, "attn_logit_softcapping", None) is not None:
+            raise ValueError("gemma3_text with attn_logit_softcapping is not supported by tree_attention")
+        self.config = config
+        self.model = Gemma3Backbone(config)
+        tied = bool(getattr(config, "tie_word_embeddings", True))
+        self.lm_head = None if tied else Linear(config.hidden_size, config.vocab_size)
+        self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
+        self.rope_tables: dict[str, RotaryTable] = {
+            t: rotary_table(config, t) for t in sorted(set(layer_types_of(config)))
+        }
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)  # [T, D]
+        x = x * embed_scale(self.config, x.dtype).to(x.device)
+        ropes = {t: table.cos_sin(positions, x.dtype) for t, table in self.rope_tables.items()}
+        for layer in self.model.layers:
+            x = layer(x, ropes[layer.layer_type], attn)
+        return x  # [T, D]

@@ -1,0 +1,144 @@
+"""Llama-style decoder stacks: HF `llama`, `qwen2` and `qwen3`.
+
+    x = embed(ids)                                     # [T, D]
+    per layer:  x = x + attn(norm(x))                  # GQA, RoPE, tree mask (+ sliding window)
+                x = x + down(act(gate(norm(x))) * up(norm(x)))
+
+The families differ only in flags read from the config:
+  llama  q/k/v/o bias = attention_bias, MLP bias = mlp_bias
+  qwen2  q/k/v bias always, no o bias; sliding layers from layer_types (rarely on)
+  qwen3  per-head q_norm / k_norm (RMSNorm over head_dim) before RoPE, explicit head_dim
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from engine.attention import AttentionMetadata, tree_attention
+from engine.models.common import (
+    CausalLM,
+    Embedding,
+    Linear,
+    RMSNorm,
+    RotaryTable,
+    head_dim_of,
+    layer_types_of,
+    rotary_table,
+)
+from engine.ops import apply_rope
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaFlags:
+    qkv_bias: bool  # bias on q/k/v projections
+    o_bias: bool  # bias on the output projection
+    mlp_bias: bool
+    qk_norm: bool  # per-head RMSNorm on q and k (qwen3)
+
+    @staticmethod
+    def from_config(config) -> LlamaFlags:
+        kind = config.model_type
+        if kind == "qwen2":
+            return LlamaFlags(qkv_bias=True, o_bias=False, mlp_bias=False, qk_norm=False)
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        if kind == "qwen3":
+            return LlamaFlags(qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=False, qk_norm=True)
+        if kind == "llama":
+            mlp_bias = bool(getattr(config, "mlp_bias", False))
+            return LlamaFlags(qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=mlp_bias, qk_norm=False)
+        raise ValueError(f"llama.py serves {FAMILIES}, not {kind!r}")
+
+
+class Attention(nn.Module):
+    def __init__(self, config, flags: LlamaFlags, sliding_window: int | None) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        self.scale = self.head_dim**-0.5
+        self.sliding_window = sliding_window
+        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = Linear(hidden, q_dim, bias=flags.qkv_bias)
+        self.k_proj = Linear(hidden, kv_dim, bias=flags.qkv_bias)
+        self.v_proj = Linear(hidden, kv_dim, bias=flags.qkv_bias)
+        self.o_proj = Linear(q_dim, hidden, bias=flags.o_bias)
+        if flags.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, d]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope  # [T, 1, d]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = tree_attention(q, k, v, attn, self.scale, self.sliding_window)  # [T, Hq, d]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, D]
+
+
+class MLP(nn.Module):
+    def __init__(self, config, bias: bool) -> None:
+        super().__init__()
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, D] -> [T, D]
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, flags: LlamaFlags, layer_type: str) -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        sliding_window = config.sliding_window if layer_type == "sliding_attention" else None
+        self.self_attn = Attention(config, flags, sliding_window)
+        self.mlp = MLP(config, flags.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBackbone(nn.Module):
+    def __init__(self, config, flags: LlamaFlags) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, flags, t) for t in layer_types_of(config))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(CausalLM):
+    """llama / qwen2 / qwen3 (see module docstring for the flags)."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.flags = LlamaFlags.from_config(config)
+        self.model = LlamaBackbone(config, self.flags)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if tied else Linear(config.hidden_size, config.vocab_size)
+        self.rope_tables: dict[str, RotaryTable] = {
+            t: rotary_table(config, t) for t in sorted(set(layer_types_of(config)))
+        }
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)  # [T, D]
+        ropes = {t: table.cos_sin(positions, x.dtype) for t, table in self.rope_tables.items()}
+        for layer in self.model.layers:
+            x = layer(x, ropes[layer.layer_type], attn)
+        return x  # [T, D]
