@@ -17,44 +17,6 @@ from spinf_jobs.packs import (
     load_pack,
     write_calibration,
 )
-from spinf_jobs.protocol import Combination, OptionScore, QueryResult
-
-MINI = """\
-# a hand-written comment that must survive a calibration write
-format: 1
-id: test/mini
-version: 0.1.0
-presentation: {template: "Post:\\n{content}"}
-questions:
-  - {id: rude, template: "\\n\\nRude?{?}", options: [" yes", " no"], positive: [" yes"], weight: 3}
-  - {id: mean, template: "\\n\\nMean?{?}", options: [" yes", " no"], positive: [" yes"]}
-  - id: kind
-    template: "\\n\\nKind?\\n{choices}\\nAnswer:{?}"
-    choices: [{id: warm, text: Warm}, {id: cold, text: Cold}]
-    orderings: rotations
-    positive: [cold]
-categories:
-  - {id: hostile, questions: [rude, mean], combine: weighted_mean}
-  - {id: harsh, questions: [rude, mean], combine: noisy_or}
-  - {id: chilly, questions: [kind/cold], combine: max}
-decisions:
-  - id: action
-    rules: [{category: hostile, at_least: 0.5, label: block}]
-    default: allow
-"""
-
-
-def _result(query_id: str, ps: list[float], texts: list[str]) -> QueryResult:
-    options = [OptionScore(text=t, logprob=math.log(p), p=p, floor_p=0.5) for t, p in zip(texts, ps)]
-    return QueryResult(id=query_id, combinations=[Combination(values={}, options=options, residual=0.0)])
-
-
-@pytest.fixture
-def mini(tmp_path):
-    path = tmp_path / "mini.yaml"
-    path.write_text(MINI)
-    return path
-
 
 def test_official_packs_load_and_meet_the_size_bar():
     registry = PackRegistry.load()
@@ -75,7 +37,7 @@ def test_registry_adds_extra_folders_and_names_an_unknown_pack(mini):
 def test_registry_refuses_a_duplicate_id(mini, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
-    (other / "copy.yaml").write_text(MINI)
+    (other / "copy.yaml").write_text(mini.read_text())
     with pytest.raises(PackError, match="already loaded"):
         PackRegistry.load([mini.parent, other], include_official=False)
 
@@ -91,8 +53,8 @@ def test_registry_refuses_a_duplicate_id(mini, tmp_path):
         (lambda d: d["decisions"][0].pop("default"), "default"),
     ],
 )
-def test_a_malformed_pack_names_the_file_and_the_field(tmp_path, edit, field):
-    data = yaml.safe_load(MINI)
+def test_a_malformed_pack_names_the_file_and_the_field(tmp_path, mini, edit, field):
+    data = yaml.safe_load(mini.read_text())
     edit(data)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -113,17 +75,8 @@ def test_expand_pack_namespaces_ids_and_expands_orderings(mini):
     assert ids == ["test/mini:rude", "test/mini:mean", "test/mini:kind", "test/mini:kind~o1"]
 
 
-def _mini_results() -> list[QueryResult]:
-    return [
-        _result("test/mini:rude", [0.8, 0.2], [" yes", " no"]),
-        _result("test/mini:mean", [0.4, 0.6], [" yes", " no"]),
-        _result("test/mini:kind", [0.9, 0.1], [" A", " B"]),  # A=warm, B=cold
-        _result("test/mini:kind~o1", [0.7, 0.3], [" A", " B"]),  # A=cold, B=warm
-    ]
-
-
-def test_apply_pack_scores_categories_and_decides(mini):
-    out = apply_pack(load_pack(mini), _mini_results())
+def test_apply_pack_scores_categories_and_decides(mini, mini_results):
+    out = apply_pack(load_pack(mini), mini_results)
     assert out["questions"]["rude"]["p"] == pytest.approx(0.8)
     assert out["questions"]["rude"]["calibrated_p"] is None
     assert out["questions"]["kind"]["choices"] == pytest.approx({"warm": 0.6, "cold": 0.4})
@@ -135,7 +88,7 @@ def test_apply_pack_scores_categories_and_decides(mini):
     assert out["decisions"] == {"action": "block"}
 
 
-def test_calibration_written_into_the_file_appears_beside_raw_values(mini):
+def test_calibration_written_into_the_file_appears_beside_raw_values(mini, mini_results):
     fitted = PackCalibration(
         questions={"rude": Calibration(method="platt", params={"a": 1.0, "b": -3.0})},
         categories={"hostile": Calibration(method="temperature", params={"temperature": 2.0})},
@@ -145,7 +98,7 @@ def test_calibration_written_into_the_file_appears_beside_raw_values(mini):
     assert text.startswith("# a hand-written comment") and text.count("calibration:") == 1
     pack = write_calibration(mini, fitted)  # rewriting replaces, never appends
     assert mini.read_text() == text
-    out = apply_pack(pack, _mini_results())
+    out = apply_pack(pack, mini_results)
     rude = out["questions"]["rude"]
     assert rude["p"] == pytest.approx(0.8)
     assert rude["calibrated_p"] == pytest.approx(1 / (1 + math.exp(-(math.log(4) - 3))))

@@ -1,0 +1,195 @@
+"""`spinf-jobs calibrate`: score a labelled set with a pack, fit, write the fit and a report.
+
+    PACK (id or file) + labelled JSONL
+      --score_rows (engine, imported lazily: spinf_jobs never imports torch at import time)-->
+        scores.jsonl (raw scores per row, kept in the report folder: refits need no model)
+      --calibrate_fit.fit_pack--> PackFit
+      --write_calibration--> the pack file's `calibration` section
+      --calibrate_report--> packs/reports/<pack id>/{report.json, report.md, *.png}
+
+`--queries REQUEST.json` calibrates a request's own queries instead: each two-option query
+becomes a question (its first option positive) and a category of the same id, and the
+labelled rows name the query ids that are positive. The fit then goes to
+<report dir>/pack.yaml (there is no pack file to write into).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from spinf_jobs.calibrate_fit import ScoredRow, fit_pack, to_pack_calibration
+from spinf_jobs.calibrate_report import write_report
+from spinf_jobs.pack_format import Category, Pack, PackQuestion
+from spinf_jobs.packs import OFFICIAL_PACKS_DIR, PackRegistry, apply_pack, expand_pack, load_pack, write_calibration
+from spinf_jobs.protocol import ScoringRequest, ScoringSpec
+
+REPO_ROOT = OFFICIAL_PACKS_DIR.parent
+DEFAULT_REPORTS_DIR = OFFICIAL_PACKS_DIR / "reports"
+
+
+def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("calibrate", help="fit a pack's calibration on labelled JSONL",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--pack", help="pack id (official or under --packs) or a pack file")
+    source.add_argument("--queries", type=Path, help="a scoring request whose queries to calibrate")
+    parser.add_argument("--data", type=Path, required=True, help='labelled JSONL: {"id", "text", "labels": [...]}')
+    parser.add_argument("--packs", type=Path, action="append", default=[], help="extra pack folder (repeatable)")
+    parser.add_argument("--model", default=None, help="served model name or HF folder (default: the engine's)")
+    parser.add_argument("--max-rows", type=int, default=None, help="score only the first N rows")
+    parser.add_argument("--batch-size", type=int, default=8, help="requests per engine call")
+    parser.add_argument("--folds", type=int, default=5, help="cross-fit folds for held-out metrics")
+    parser.add_argument("--reports-dir", type=Path, default=DEFAULT_REPORTS_DIR)
+    parser.add_argument("--scores", type=Path, default=None,
+                        help="reuse a scores.jsonl from an earlier run instead of scoring")
+    parser.add_argument("--no-write", action="store_true", help="report only; leave the pack file as it is")
+    parser.set_defaults(func=run_calibrate)
+    return parser
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    pack, pack_path = _resolve_pack(args)
+    rows = read_labelled(args.data, args.max_rows)
+    report_dir = args.reports_dir / pack.id
+    report_dir.mkdir(parents=True, exist_ok=True)
+    scores_path = report_dir / "scores.jsonl"
+    if args.scores:
+        scored, meta = read_scores(args.scores)
+        scored = scored[: len(rows)]
+    else:
+        scored, meta = score_rows(pack, rows, model=args.model, batch_size=args.batch_size)
+        write_scores(scores_path, scored, meta)
+    fit = fit_pack(pack, scored, num_folds=args.folds)
+    data_name = _relative(args.data)
+    calibration = to_pack_calibration(
+        fit, data=data_name, data_sha256=_sha256(args.data), model=meta["model"],
+        fingerprint=meta["system_fingerprint"], report=_relative(report_dir),
+    )
+    write_report(report_dir, pack, fit, scored, meta | {"data": data_name, "num_rows": len(scored)})
+    if args.no_write:
+        print(f"fit not written (--no-write); report in {report_dir}")
+    elif pack_path is None:
+        target = report_dir / "pack.yaml"
+        body = pack.model_dump(mode="json", exclude={"calibration"})
+        target.write_text(yaml.safe_dump(body, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        write_calibration(target, calibration)
+        print(f"fit written to {target}; report in {report_dir}")
+    else:
+        write_calibration(pack_path, calibration)
+        print(f"fit written into {pack_path}; report in {report_dir}")
+    return 0
+
+
+def _resolve_pack(args: argparse.Namespace) -> tuple[Pack, Path | None]:
+    if args.queries:
+        return pack_from_request(json.loads(args.queries.read_text())), None
+    candidate = Path(args.pack)
+    if candidate.is_file():
+        return load_pack(candidate), candidate
+    registry = PackRegistry.load(args.packs)
+    return registry.get(args.pack), registry.sources[args.pack]
+
+
+def pack_from_request(request: dict) -> Pack:
+    """A throwaway pack whose questions are the request's two-option queries."""
+    spec = ScoringRequest.model_validate(request)
+    questions, categories = [], []
+    for query in spec.scoring.queries:
+        if len(query.options) != 2 or query.values:
+            raise ValueError(f"queries.{query.id}: calibrate takes two-option queries without values")
+        qid = query.id.replace(":", "-").replace("/", "-").lower()
+        questions.append(PackQuestion(id=qid, template=query.template, options=query.options,
+                                      positive=[query.options[0]], answer_in=query.answer_in))
+        categories.append(Category(id=qid, questions=[qid]))
+    return Pack(id="request/queries", version="0.0.0", questions=questions, categories=categories)
+
+
+def read_labelled(path: Path, max_rows: int | None) -> list[dict]:
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not isinstance(row.get("text"), str) or not isinstance(row.get("labels"), list):
+            raise ValueError(f"{path}:{number}: a row needs \"text\" (string) and \"labels\" (list)")
+        rows.append({"id": str(row.get("id", number)), "text": row["text"], "labels": row["labels"]})
+    return rows[:max_rows] if max_rows else rows
+
+
+def build_requests(pack: Pack, rows: list[dict], model: str | None) -> list[ScoringRequest]:
+    queries = expand_pack(pack)
+    return [ScoringRequest(model=model, messages=pack.presentation.messages(r["text"]),
+                           scoring=ScoringSpec(queries=queries)) for r in rows]
+
+
+def scored_row(pack: Pack, row: dict, applied: dict) -> ScoredRow:
+    questions = {q: e["p"] for q, e in applied["questions"].items() if e["p"] is not None}
+    choices = {f"{q}/{c}": p for q, e in applied["questions"].items() for c, p in e.get("choices", {}).items()}
+    orderings = {q: [o["probabilities"] for o in e["combined"]["orderings"]]
+                 for q, e in applied["questions"].items() if "combined" in e}
+    return ScoredRow(id=row["id"], labels=row["labels"], questions=questions, choices=choices, orderings=orderings)
+
+
+def score_rows(pack: Pack, rows: list[dict], *, model: str | None, batch_size: int) -> tuple[list[ScoredRow], dict]:
+    from engine.engine import Engine, EngineConfig  # lazy: torch only when scoring
+
+    engine = Engine(EngineConfig(model=model) if model else EngineConfig())
+    raw_pack = pack.model_copy(update={"calibration": type(pack.calibration)()})
+    requests = build_requests(pack, rows, None)
+    scored: list[ScoredRow] = []
+    num_content_tokens, started = 0, time.time()
+    for start in range(0, len(rows), batch_size):
+        output = engine.score_batch(requests[start : start + batch_size])
+        for row, response in zip(rows[start : start + batch_size], output.results, strict=True):
+            if not hasattr(response, "results"):
+                raise RuntimeError(f"row {row['id']}: {response.field}: {response.message}")
+            num_content_tokens += response.usage.content_tokens
+            scored.append(scored_row(pack, row, apply_pack(raw_pack, response.results)))
+        elapsed = time.time() - started
+        print(f"scored {len(scored)}/{len(rows)} rows in {elapsed:.0f}s", file=sys.stderr, flush=True)
+    meta = {"model": engine.model_name, "system_fingerprint": engine.system_fingerprint,
+            "scoring_seconds": round(time.time() - started, 1), "num_content_tokens": num_content_tokens,
+            "num_queries_per_row": len(requests[0].scoring.queries) if requests else 0}
+    return scored, meta
+
+
+def write_scores(path: Path, scored: list[ScoredRow], meta: dict) -> None:
+    lines = [json.dumps({"meta": meta})] + [
+        json.dumps({"id": s.id, "labels": s.labels, "questions": s.questions, "choices": s.choices,
+                    "orderings": s.orderings}) for s in scored
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def read_scores(path: Path) -> tuple[list[ScoredRow], dict]:
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    meta, rows = lines[0]["meta"], lines[1:]
+    return [ScoredRow(**row) for row in rows], meta
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _relative(path: Path) -> str:
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point until `spinf-jobs calibrate` is wired into spinf_jobs.cli."""
+    parser = argparse.ArgumentParser(prog="spinf-jobs")
+    add_calibrate_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
