@@ -6,11 +6,14 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+_FIELD_PREFIX_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
 _TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
           413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 504: "timeout_error"}
 
@@ -34,12 +37,21 @@ def field_of(location: tuple) -> str:
     return ".".join(parts) or "body"
 
 
+def _refine(param: str, message: str) -> tuple[str, str]:
+    """Model validators say "options: give at least 2": fold that field name into `param`."""
+    message = message.removeprefix("Value error, ")
+    match = _FIELD_PREFIX_RE.match(message)
+    if match and not param.endswith(match.group(1)):
+        return f"{param}.{match.group(1)}" if param != "body" else match.group(1), message[match.end() :]
+    return param, message
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {"loc": ("body",), "msg": "invalid body"}
-        param = field_of(tuple(first["loc"]))
-        message = f"{param}: {first['msg']}"
+        param, detail = _refine(field_of(tuple(first["loc"])), first["msg"])
+        message = f"{param}: {detail}"
         return JSONResponse(status_code=422, content=error_body(422, message, param))
 
     @app.exception_handler(HTTPException)

@@ -123,3 +123,62 @@ def s3_bucket(s3_server) -> str:
     name = f"bkt-{uuid.uuid4().hex[:12]}"
     s3_server.client().create_bucket(Bucket=name)
     return name
+
+
+API_KEYS = {"alice": "sk-test-alice", "bob": "sk-test-bob"}  # name -> bearer token (tests only)
+
+
+@pytest.fixture
+def make_settings(redis_url, request):
+    """make_settings(**overrides) -> Settings on the test Redis (and the test S3, when started)."""
+    from spinf_jobs.settings import ApiKey, Settings, hash_api_key
+
+    def make(s3_bucket: str | None = None, **overrides):
+        allowed = [s3_bucket] if s3_bucket else []
+        keys = [ApiKey(name="alice", sha256=hash_api_key(API_KEYS["alice"]), s3_read=allowed, s3_write=allowed),
+                ApiKey(name="bob", sha256=hash_api_key(API_KEYS["bob"]))]
+        fields = {"redis_url": redis_url, "api_keys": keys, "heartbeat_interval_s": 0.5, "heartbeat_ttl_s": 3,
+                  "maintenance_interval_s": 1.0, "sync_timeout_s": 60.0}
+        if "s3_server" in request.fixturenames:
+            server = request.getfixturevalue("s3_server")
+            fields |= {"s3_endpoint_url": server.endpoint_url, "s3_access_key_id": "test",
+                       "s3_secret_access_key": "test"}
+        return Settings(**(fields | overrides))
+
+    return make
+
+
+@pytest.fixture
+def bearer():
+    """bearer("alice") -> the Authorization header of that test key."""
+    return lambda name: {"Authorization": f"Bearer {API_KEYS[name]}"}
+
+
+@pytest.fixture(scope="session")
+def service_model_dir(tmp_path_factory) -> Path:
+    """A tiny random llama checkpoint (real SmolLM2 tokenizer), served as 'tiny-llama'."""
+    from engine.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint("llama", tmp_path_factory.mktemp("service-model") / "tiny-llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def service_engine_factory(service_model_dir):
+    """service_engine_factory(max_num_batched_tokens) -> Engine on CPU (fp32), one per budget."""
+    from engine.engine import Engine, EngineConfig
+
+    made = {}
+
+    def make(max_num_batched_tokens: int = 4096):
+        if max_num_batched_tokens not in made:
+            config = EngineConfig(model=str(service_model_dir), device="cpu", dtype="float32",
+                                  max_num_batched_tokens=max_num_batched_tokens)
+            made[max_num_batched_tokens] = Engine(config)
+        return made[max_num_batched_tokens]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def service_engine(service_engine_factory):
+    return service_engine_factory(4096)

@@ -1,0 +1,93 @@
+"""The greedy worker loop on a real Redis with a real (tiny) engine."""
+
+import orjson
+import pytest
+import redis
+from rq import Queue
+from rq.registry import FinishedJobRegistry, StartedJobRegistry
+
+from spinf_jobs import jobstore, queues
+from spinf_jobs.payloads import JobItem, JobStatus
+from spinf_jobs.protocol import ScoringRequest, ScoringSpec
+from spinf_jobs.submit import cancel, chunk_rq_id, submit_inline
+from worker_helpers import SCORING, drain_until_settled, make_worker, texts
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+SPEC = ScoringSpec.model_validate(SCORING)
+
+
+def _submit(r, settings, model, num_rows, prefix, is_sync=False):
+    items = [JobItem.model_validate(row) for row in texts(num_rows, prefix)]
+    return submit_inline(r, settings, "alice", model, SPEC, items, is_sync=is_sync)
+
+
+def _rows(r, job_id):
+    return [orjson.loads(line) for chunk in jobstore.iter_inline_results(r, job_id, 10) for line in chunk.splitlines()]
+
+
+def test_one_pass_packs_several_queued_jobs(make_settings, service_engine):
+    settings = make_settings(chunk_num_rows=3)
+    r = redis.Redis.from_url(settings.redis_url)
+    model = service_engine.model_name
+    job_ids = [_submit(r, settings, model, 3, "a"), _submit(r, settings, model, 2, "b"),
+               _submit(r, settings, model, 1, "c", is_sync=True)]
+    worker = make_worker(settings, service_engine)
+    assert worker.drain_once(block_s=1)  # one greedy step takes all three jobs
+    passes = [r.smembers(queues.passes_key(job_id)) for job_id in job_ids]
+    assert all(jobstore.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
+    shared = set.intersection(*passes)
+    assert len(shared) >= 1, passes  # >= 2 jobs (here 3) were served by one forward pass
+    # and packing did not change a score: each row equals the row scored alone
+    alone = service_engine.score_batch([ScoringRequest(messages=[{"role": "user", "content": texts(2, "b")[1]["text"]}],
+                                                       scoring=SPEC)]).results[0]
+    packed = _rows(r, job_ids[1])[1]["response"]
+    assert packed["results"] == alone.model_dump(mode="json", exclude_none=True)["results"]
+    finished = FinishedJobRegistry(queues.queue_pair(model).batch, connection=r)
+    assert chunk_rq_id(job_ids[0], 0) in finished.get_job_ids()
+
+
+def test_sync_queue_is_drained_first_and_budget_bounds_a_step(make_settings, service_engine, service_engine_factory):
+    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "sync")[0]["text"]}], scoring=SPEC)
+    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a pass: one job per step
+    settings = make_settings(chunk_num_rows=1)
+    r = redis.Redis.from_url(settings.redis_url)
+    batch_job = _submit(r, settings, engine.model_name, 2, "batch")
+    sync_job = _submit(r, settings, engine.model_name, 1, "sync", is_sync=True)
+    worker = make_worker(settings, engine)
+    worker.drain_once(block_s=1)
+    assert jobstore.load_view(r, sync_job).status == JobStatus.SUCCEEDED
+    assert jobstore.load_view(r, batch_job).progress.done == 0
+    assert Queue(queues.queue_pair(engine.model_name).batch, connection=r).count == 2
+    drain_until_settled(worker, [batch_job])
+    assert [row["custom_id"] for row in _rows(r, batch_job)] == ["batch0", "batch1"]
+
+
+def test_jobs_held_by_a_worker_are_in_the_started_registry(make_settings, service_engine):
+    settings = make_settings(chunk_num_rows=2)
+    r = redis.Redis.from_url(settings.redis_url)
+    job_id = _submit(r, settings, service_engine.model_name, 4, "h")
+    worker = make_worker(settings, service_engine)
+    pair = queues.queue_pair(service_engine.model_name)
+    queue = Queue(pair.batch, connection=r, serializer=queues.JsonSerializer)
+    job, _ = Queue.dequeue_any([queue], None, connection=r, serializer=queues.JsonSerializer)
+    held = worker._hold(job, queue, service_engine.model_name)
+    registry = StartedJobRegistry(pair.batch, connection=r)
+    assert job.id in registry.get_job_ids()
+    before = r.zscore(registry.key, held.execution.composite_key)
+    worker.heartbeat_held()
+    assert r.zscore(registry.key, held.execution.composite_key) >= before
+    worker._run(service_engine.model_name, [held])
+    assert job.id not in registry.get_job_ids()
+    assert jobstore.load_view(r, job_id).progress.done == 2
+
+
+def test_cancel_stops_the_remaining_chunks(make_settings, service_engine):
+    settings = make_settings(chunk_num_rows=2)
+    r = redis.Redis.from_url(settings.redis_url)
+    job_id = _submit(r, settings, service_engine.model_name, 10, "x")
+    assert cancel(r, settings, job_id)
+    worker = make_worker(settings, service_engine)
+    worker.drain_once(block_s=1)
+    view = jobstore.load_view(r, job_id)
+    assert view.status == JobStatus.CANCELLED and view.progress.done == 0
+    assert int(r.get(queues.QUEUED_ROWS_KEY)) == 0
