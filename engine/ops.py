@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from engine.kernels import fp8_matmul, matmul
 from engine.kernels import rms_norm as rms_norm_kernels
 from engine.kernels.fp8_matmul import Fp8Weight
+from engine.kernels.int8_weight import Int8Weight
 
 ROW_CHUNK = 64  # rows per fixed-shape matmul; the packer aligns contents to it
 SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tree's scored rows to it
@@ -25,7 +26,7 @@ SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tre
 
 def linear(
     x: torch.Tensor,
-    weight: torch.Tensor | Fp8Weight,
+    weight: torch.Tensor | Fp8Weight | Int8Weight,
     bias: torch.Tensor | None = None,
     row_chunk: int = ROW_CHUNK,
     out_dtype: torch.dtype | None = None,
@@ -34,6 +35,8 @@ def linear(
 
     On CPU T must be a multiple of row_chunk. out_dtype=float32 on CUDA keeps the kernel's
     fp32 accumulator (the LM head); on CPU it only casts."""
+    if isinstance(weight, Int8Weight):  # weight-only: dequantize, then the bf16 path
+        weight = weight.dequantize(x.dtype)
     if x.is_cuda:
         if isinstance(weight, Fp8Weight):
             out = fp8_matmul.fp8_linear(x, weight, bias)

