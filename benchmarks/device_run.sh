@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (through the device tool): install the carried wheels, then run
+# the stages named in $@ (tests, kernels, throughput:<model>:<workload>[:extra args], parity:<model>).
+# Logs and results go to $OUT (the tool brings them back). See docs/performance.md.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv
+for stage in "$@"; do
+  IFS=: read -r kind model workload extra <<<"$stage"
+  echo "=== $stage ($(date +%T))"
+  case $kind in
+    tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/kernels tests/engine/test_attention_cuda.py tests/engine/test_gpu_parity.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
+    kernels) python3 benchmarks/kernel_bench.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernel_bench.log" | tail -50 ;;
+    throughput) python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" $extra 2>&1 | tee "$OUT/throughput-$workload-$model.log" | grep -v Warning | tail -40 ;;
+    parity) python3 benchmarks/gpu_parity.py --model "$model" --out "$OUT/parity-$model.json" 2>&1 | tee "$OUT/parity-$model.log" | tail -20 ;;
+  esac
+done
+cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null
+ls "$OUT"
