@@ -48,7 +48,8 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
     parser.add_argument("--folds", type=int, default=5, help="cross-fit folds for held-out metrics")
     parser.add_argument("--reports-dir", type=Path, default=DEFAULT_REPORTS_DIR)
     parser.add_argument("--scores", type=Path, default=None,
-                        help="reuse a scores.jsonl from an earlier run instead of scoring")
+                        help="fit from this scores.jsonl (rows of --data found in it) without scoring;"
+                             " without it, rows already in <report dir>/scores.jsonl are not rescored")
     parser.add_argument("--no-write", action="store_true", help="report only; leave the pack file as it is")
     parser.set_defaults(func=run_calibrate)
     return parser
@@ -61,11 +62,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     scores_path = report_dir / "scores.jsonl"
     if args.scores:
-        scored, meta = read_scores(args.scores)
-        scored = scored[: len(rows)]
+        by_id = {s.id: s for s in read_scores(args.scores)[0]}
+        scored, meta = [by_id[r["id"]] for r in rows if r["id"] in by_id], read_scores(args.scores)[1]
     else:
-        scored, meta = score_rows(pack, rows, model=args.model, batch_size=args.batch_size)
-        write_scores(scores_path, scored, meta)
+        scored, meta = score_rows(pack, rows, model=args.model, batch_size=args.batch_size,
+                                  scores_path=scores_path)
     fit = fit_pack(pack, scored, num_folds=args.folds)
     data_name = _relative(args.data)
     calibration = to_pack_calibration(
@@ -137,35 +138,67 @@ def scored_row(pack: Pack, row: dict, applied: dict) -> ScoredRow:
     return ScoredRow(id=row["id"], labels=row["labels"], questions=questions, choices=choices, orderings=orderings)
 
 
-def score_rows(pack: Pack, rows: list[dict], *, model: str | None, batch_size: int) -> tuple[list[ScoredRow], dict]:
+def score_rows(pack: Pack, rows: list[dict], *, model: str | None, batch_size: int,
+               scores_path: Path) -> tuple[list[ScoredRow], dict]:
+    """Score the rows not yet in `scores_path`, appending each batch as it is done, so an
+    interrupted run resumes where it stopped (the file's model must match)."""
     from engine.engine import Engine, EngineConfig  # lazy: torch only when scoring
 
-    engine = Engine(EngineConfig(model=model) if model else EngineConfig())
+    done, meta = read_scores(scores_path) if scores_path.exists() else ([], None)
+    done_ids = {s.id for s in done}
+    todo = [r for r in rows if r["id"] not in done_ids]
+    if todo:
+        engine = Engine(EngineConfig(model=model, device="cpu") if model else EngineConfig(device="cpu"))
+        if meta and meta["system_fingerprint"] != engine.system_fingerprint:
+            raise RuntimeError(f"{scores_path} was scored by {meta['model']}; move it away to rescore")
+        meta = meta or {"model": engine.model_name, "system_fingerprint": engine.system_fingerprint,
+                        "device": "cpu", "scoring_seconds": 0.0, "num_content_tokens": 0}
+        if not scores_path.exists():
+            scores_path.write_text(json.dumps({"meta": meta}) + "\n", encoding="utf-8")
+        _score_into(engine, pack, todo, batch_size, scores_path)
+    by_id = {s.id: s for s in read_scores(scores_path)[0]}
+    meta = read_scores(scores_path)[1]
+    return [by_id[r["id"]] for r in rows if r["id"] in by_id], meta
+
+
+def _score_into(engine, pack: Pack, rows: list[dict], batch_size: int, scores_path: Path) -> None:
     raw_pack = pack.model_copy(update={"calibration": type(pack.calibration)()})
     requests = build_requests(pack, rows, None)
-    scored: list[ScoredRow] = []
-    num_content_tokens, started = 0, time.time()
+    started = time.time()
     for start in range(0, len(rows), batch_size):
+        batch_started = time.time()
         output = engine.score_batch(requests[start : start + batch_size])
+        lines = []
+        num_content_tokens = 0
         for row, response in zip(rows[start : start + batch_size], output.results, strict=True):
             if not hasattr(response, "results"):
                 raise RuntimeError(f"row {row['id']}: {response.field}: {response.message}")
             num_content_tokens += response.usage.content_tokens
-            scored.append(scored_row(pack, row, apply_pack(raw_pack, response.results)))
-        elapsed = time.time() - started
-        print(f"scored {len(scored)}/{len(rows)} rows in {elapsed:.0f}s", file=sys.stderr, flush=True)
-    meta = {"model": engine.model_name, "system_fingerprint": engine.system_fingerprint,
-            "scoring_seconds": round(time.time() - started, 1), "num_content_tokens": num_content_tokens,
-            "num_queries_per_row": len(requests[0].scoring.queries) if requests else 0}
-    return scored, meta
+            lines.append(_score_line(scored_row(pack, row, apply_pack(raw_pack, response.results))))
+        with scores_path.open("a", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+        _add_to_meta(scores_path, time.time() - batch_started, num_content_tokens)
+        print(f"scored {start + len(lines)}/{len(rows)} rows in {time.time() - started:.0f}s",
+              file=sys.stderr, flush=True)
+
+
+def _add_to_meta(scores_path: Path, seconds: float, num_content_tokens: int) -> None:
+    lines = scores_path.read_text(encoding="utf-8").splitlines(keepends=True)
+    meta = json.loads(lines[0])["meta"]
+    meta["scoring_seconds"] = round(meta["scoring_seconds"] + seconds, 1)
+    meta["num_content_tokens"] += num_content_tokens
+    lines[0] = json.dumps({"meta": meta}) + "\n"
+    scores_path.write_text("".join(lines), encoding="utf-8")
+
+
+def _score_line(s: ScoredRow) -> str:
+    return json.dumps({"id": s.id, "labels": s.labels, "questions": s.questions, "choices": s.choices,
+                       "orderings": s.orderings})
 
 
 def write_scores(path: Path, scored: list[ScoredRow], meta: dict) -> None:
-    lines = [json.dumps({"meta": meta})] + [
-        json.dumps({"id": s.id, "labels": s.labels, "questions": s.questions, "choices": s.choices,
-                    "orderings": s.orderings}) for s in scored
-    ]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text("\n".join([json.dumps({"meta": meta})] + [_score_line(s) for s in scored]) + "\n",
+                    encoding="utf-8")
 
 
 def read_scores(path: Path) -> tuple[list[ScoredRow], dict]:

@@ -9,7 +9,7 @@ import pytest
 
 from spinf_jobs.calibrate_command import main, read_scores, write_scores
 from spinf_jobs.calibrate_fit import ScoredRow, fit_pack, to_pack_calibration
-from spinf_jobs.packs import PackRegistry, apply_pack, load_pack, write_calibration
+from spinf_jobs.packs import apply_pack, load_pack, write_calibration
 
 
 def _synthetic_rows(num_rows: int, seed: int = 0) -> list[ScoredRow]:
@@ -73,5 +73,11 @@ def test_calibrate_command_refits_from_saved_scores(mini, tmp_path):
     assert load_pack(mini).calibration.categories["hostile"].method in ("temperature", "platt", "isotonic")
 
 
-def test_official_packs_still_load_after_a_fit_is_possible():
-    assert PackRegistry.load().get("spinf/moderation").calibration is not None
+def test_the_calibrate_command_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, spinf_jobs.calibrate_command, spinf_jobs.packs;"
+            " print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
