@@ -13,6 +13,7 @@ A blank line is not a row; every other line yields exactly one output row.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
 import orjson
@@ -22,6 +23,7 @@ from spinf_jobs.payloads import ByteRange, JobItem, RowError
 from spinf_jobs.s3 import S3Uri
 
 MANIFEST_NAME = "manifest.json"
+_CUSTOM_ID_RE = re.compile(rb'"custom_id"\s*:\s*"([^"\\]*)"')
 
 
 def results_uri(output: S3Uri, chunk_index: int) -> S3Uri:
@@ -70,7 +72,9 @@ def parse_row(line: bytes, line_number: int) -> JobItem | RowError:
     try:
         raw = orjson.loads(line)
     except orjson.JSONDecodeError as error:
-        return RowError(line=line_number, message=f"not valid JSON: {error}")
+        found = _CUSTOM_ID_RE.search(line)  # best effort: name the row even when its JSON is broken
+        custom_id = found.group(1).decode(errors="replace") if found else None
+        return RowError(line=line_number, custom_id=custom_id, message=f"not valid JSON: {error}")
     custom_id = raw.get("custom_id") if isinstance(raw, dict) else None
     custom_id = custom_id if isinstance(custom_id, str) else None
     try:

@@ -44,6 +44,7 @@ def test_parse_row_errors_name_line_and_field():
     assert isinstance(datasets.parse_row(b'{"custom_id": "a", "text": "hi"}', 1), JobItem)
     bad_json = datasets.parse_row(b'{"custom_id": "a", "text": ', 4)
     assert isinstance(bad_json, RowError) and bad_json.line == 4 and "JSON" in bad_json.message
+    assert bad_json.custom_id == "a"  # recovered from the broken line
     no_text = datasets.parse_row(b'{"custom_id": "b"}', 5)
     assert isinstance(no_text, RowError) and no_text.custom_id == "b"
     both = datasets.parse_row(b'{"custom_id": "c", "text": "x", "messages": [{"role": "user", "content": "x"}]}', 6)
