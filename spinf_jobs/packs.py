@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from spinf_jobs.calibration import Calibrator
 from spinf_jobs.orderings import Ordering, combine_orderings, expand_orderings
 from spinf_jobs.pack_format import Calibration, Category, Decision, Pack, PackCalibration, PackQuestion
-from spinf_jobs.protocol import Query, QueryResult
+from spinf_jobs.protocol import Query, QueryResult, ScoringRequest, ScoringSpec
 
 OFFICIAL_PACKS_DIR = Path(__file__).resolve().parents[1] / "packs"
 PACK_SUFFIXES = (".yaml", ".yml", ".json")
@@ -249,6 +249,24 @@ def apply_pack(pack: Pack, results: list[QueryResult]) -> dict[str, Any]:
     decisions = {d.id: decide(d, best) for d in pack.decisions}
     return {"pack": pack.id, "version": pack.version, "questions": questions,
             "categories": categories, "decisions": decisions}
+
+
+# ---- a request naming packs: one read for its own queries and every pack's -------------
+
+
+def with_packs(request: ScoringRequest, packs: list[Pack]) -> ScoringRequest:
+    """The request with every pack's queries appended after its own: the engine reads the
+    content once and answers all of them as branches. The request's messages are the
+    content as given (a pack's presentation applies when a pack runs on bare text)."""
+    queries = list(request.scoring.queries) + [q for pack in packs for q in expand_pack(pack)]
+    return request.model_copy(update={"scoring": ScoringSpec(queries=queries)})
+
+
+def split_pack_results(results: list[QueryResult], packs: list[Pack]) -> tuple[list[QueryResult], list[dict[str, Any]]]:
+    """(the request's own results, in order; apply_pack output per pack, in order)."""
+    pack_ids = {q.id for pack in packs for q in expand_pack(pack)}
+    own = [r for r in results if r.id not in pack_ids]
+    return own, [apply_pack(pack, results) for pack in packs]
 
 
 # ---- writing a fit back ----------------------------------------------------------------
