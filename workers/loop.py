@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import orjson
 from redis import Redis
 from rq import Queue, SimpleWorker
-from rq.exceptions import DequeueTimeout
+from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.timeouts import TimerDeathPenalty
@@ -40,6 +41,8 @@ from workers import tasks
 from workers.callbacks import drain_dead_chunks, on_chunk_failure
 
 log = logging.getLogger(__name__)
+
+WAIT_SLICE_S = 0.05  # an idle worker looks at its batch queues this often (sync wakes it at once)
 
 
 @dataclass(slots=True)
@@ -121,6 +124,7 @@ class GreedyWorker(SimpleWorker):
         self._last_maintenance = time.monotonic()
         for queue in self.queues:
             _clean_registries(queue)
+            IntermediateQueue(queue.key, self.connection).cleanup(self, queue)  # popped, never registered
         drain_dead_chunks(self.connection, self.s3, self.settings, self.name)
 
     def _heartbeat_forever(self) -> None:
@@ -144,27 +148,51 @@ class GreedyWorker(SimpleWorker):
 
     # ---- one greedy step ----------------------------------------------------------------
 
-    def drain_once(self, block_s: int = 1) -> bool:
-        """Block for one job, take more greedily, score them together. False when idle."""
-        try:
-            first = Queue.dequeue_any(
-                self.queues, block_s, connection=self.connection, serializer=queues.JsonSerializer,
-            )
-        except DequeueTimeout:
-            return False
+    def drain_once(self, block_s: float = 1.0) -> bool:
+        """Wait for one job, take more greedily, score them together. False when idle."""
+        first = self._wait_for_job(block_s)
         if first is None:
             return False
         model = self.model_of_queue[first[1].name]
         held = [self._hold(*first, model)]
         budget = self.engines[model].config.max_num_batched_tokens
         model_queues = [q for q in self.queues if self.model_of_queue[q.name] == model]
-        while sum(h.num_tokens for h in held) < budget:
-            more = Queue.dequeue_any(model_queues, None, connection=self.connection, serializer=queues.JsonSerializer)
-            if more is None:
-                break
+        while sum(h.num_tokens for h in held) < budget and (more := self._pop(model_queues)) is not None:
             held.append(self._hold(*more, model))
         self._run(model, held)
         return True
+
+    def _wait_for_job(self, block_s: float) -> tuple[Job, Queue] | None:
+        """Block (server-side, on the first sync queue) until any queue has a job."""
+        deadline = time.monotonic() + block_s
+        while not self._stop.is_set():
+            if (taken := self._pop(self.queues)) is not None:
+                return taken
+            if time.monotonic() >= deadline:
+                return None
+            # wakes at once for a sync call; batch queues are looked at every WAIT_SLICE_S
+            sync = self.queues[0]
+            job_id = self.connection.blmove(sync.key, sync.intermediate_queue_key, WAIT_SLICE_S, "LEFT", "RIGHT")
+            if job_id is not None and (job := self._fetch(sync, job_id)) is not None:
+                return job, sync
+        return None
+
+    def _pop(self, queues_in_order: list[Queue]) -> tuple[Job, Queue] | None:
+        """Move the first job found (in queue order) to its queue's intermediate list: a worker
+        killed between this move and the started registry leaves it there, where RQ's
+        intermediate-queue cleanup finds it; a plain LPOP would lose it."""
+        for queue in queues_in_order:
+            while (job_id := self.connection.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")):
+                if (job := self._fetch(queue, job_id)) is not None:
+                    return job, queue
+        return None
+
+    def _fetch(self, queue: Queue, job_id: bytes) -> Job | None:
+        try:
+            return Job.fetch(job_id.decode(), connection=self.connection, serializer=queues.JsonSerializer)
+        except NoSuchJobError:  # deleted while queued (expired, cancelled)
+            self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
+            return None
 
     def _hold(self, job: Job, queue: Queue, model: str) -> HeldJob:
         """Register the job as ours (started registry + execution), then load its rows."""
@@ -172,7 +200,7 @@ class GreedyWorker(SimpleWorker):
             execution = Execution.create(job, self.settings.heartbeat_ttl_s, pipeline=pipe, worker_name=self.name)
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
             pipe.execute()
-        self.prepare_job_execution(job)
+        self.prepare_job_execution(job, remove_from_intermediate_queue=True)
         item = HeldJob(job, queue, execution)
         with self._held_lock:
             self._held.append(item)

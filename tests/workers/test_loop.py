@@ -69,8 +69,10 @@ def test_jobs_held_by_a_worker_are_in_the_started_registry(make_settings, servic
     worker = make_worker(settings, service_engine)
     pair = queues.queue_pair(service_engine.model_name)
     queue = Queue(pair.batch, connection=r, serializer=queues.JsonSerializer)
-    job, _ = Queue.dequeue_any([queue], None, connection=r, serializer=queues.JsonSerializer)
+    job, _ = worker._pop([queue])
+    assert r.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]  # popped, not yet registered
     held = worker._hold(job, queue, service_engine.model_name)
+    assert r.llen(queue.intermediate_queue_key) == 0
     registry = StartedJobRegistry(pair.batch, connection=r)
     assert job.id in registry.get_job_ids()
     before = r.zscore(registry.key, held.execution.composite_key)
