@@ -35,15 +35,14 @@ class ReferenceScores:
 class Reference:
     """transformers scoring each (content, query, option) as its own full sequence."""
 
-    def __init__(self, folder: Path, batch_size: int = 8, max_num_scored: int = 32) -> None:
+    def __init__(self, folder: Path, batch_size: int = 8) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         self.has_chat_template = bool(self.tokenizer.chat_template)
         self.batch_size = batch_size
-        self.max_num_scored = max_num_scored  # tokens read per sequence, counted from its end
-        self._cache: dict[tuple[int, ...], list[float]] = {}
+        self._cache: dict[tuple[tuple[int, ...], int], list[float]] = {}
 
     def render(self, messages: list[dict], answer_in: str) -> str:
         if not self.has_chat_template:
@@ -57,38 +56,36 @@ class Reference:
 
     def option_logprobs(self, prompt: str, options: list[str]) -> list[float]:
         prompt_ids = self.encode(prompt)
-        option_ids = [self.encode(prompt + option) for option in options]
+        option_ids = [tuple(self.encode(prompt + option)) for option in options]
         branch = _common_prefix([prompt_ids, *option_ids])
-        token_logprobs = self.sequence_logprobs(option_ids)
-        return [sum(lps[branch - 1 :]) for lps in token_logprobs]
+        return [sum(lps) for lps in self.tail_logprobs([(ids, len(ids) - branch) for ids in option_ids])]
 
-    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
-        """Per sequence, log P(token t | tokens < t) for t = 1 .. len-1."""
-        missing = [s for s in dict.fromkeys(map(tuple, sequences)) if s not in self._cache]
+    def tail_logprobs(self, requests: list[tuple[tuple[int, ...], int]]) -> list[list[float]]:
+        """Per (sequence, k): log P(token t | tokens < t) for its last k tokens."""
+        missing = [r for r in dict.fromkeys(requests) if r not in self._cache]
         for start in range(0, len(missing), self.batch_size):
             self._run(missing[start : start + self.batch_size])
-        return [self._cache[tuple(s)] for s in sequences]
+        return [self._cache[r] for r in requests]
 
     @torch.inference_mode()
-    def _run(self, batch: list[tuple[int, ...]]) -> None:
-        """Left-padded batch with explicit positions; logits only for the last columns."""
-        length = max(len(s) for s in batch)
+    def _run(self, batch: list[tuple[tuple[int, ...], int]]) -> None:
+        """Left-padded full forwards with explicit positions; logits only for the last columns."""
+        length = max(len(sequence) for sequence, _ in batch)
         ids = torch.zeros(len(batch), length, dtype=torch.long)
         attention = torch.zeros(len(batch), length, dtype=torch.long)
-        for row, sequence in enumerate(batch):
+        for row, (sequence, _) in enumerate(batch):
             ids[row, length - len(sequence) :] = torch.tensor(sequence)
             attention[row, length - len(sequence) :] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        num_kept = min(length, self.max_num_scored + 1)
+        num_kept = max(num_read for _, num_read in batch) + 1
         logits = self.model(
             input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=num_kept
-        ).logits.float()  # [B, num_kept, V]: columns length-num_kept .. length-1
+        ).logits.float()  # [B, num_kept, V]: the last num_kept columns
         logprobs = torch.log_softmax(logits, dim=-1)
-        for row, sequence in enumerate(batch):
-            num_read = min(len(sequence) - 1, num_kept - 1)
+        for row, (sequence, num_read) in enumerate(batch):
             targets = torch.tensor(sequence[len(sequence) - num_read :])
-            picked = logprobs[row, num_kept - 1 - num_read : num_kept - 1].gather(1, targets[:, None])[:, 0]
-            self._cache[sequence] = [float("nan")] * (len(sequence) - 1 - num_read) + picked.tolist()
+            rows = logprobs[row, num_kept - 1 - num_read : num_kept - 1]
+            self._cache[sequence, num_read] = rows.gather(1, targets[:, None])[:, 0].tolist()
 
 
 def load_cases(has_chat_template: bool, num_contents: int | None = None) -> list[ScoringRequest]:

@@ -5,7 +5,7 @@ import pytest
 from engine.engine import RequestError
 from engine.parity import load_cases, run_parity, summarize
 from spinf_jobs.protocol import ScoringRequest
-from tests.engine.conftest import FAMILIES
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
 
 TOLERANCE = 1e-3
 
@@ -59,7 +59,9 @@ def test_tree_larger_than_budget_is_split_not_refused(tiny_checkpoint):
     for a, b in zip(whole.results[0].results, split.results[0].results):
         for ca, cb in zip(a.combinations, b.combinations):
             for oa, ob in zip(ca.options, cb.options):
-                assert abs(oa.logprob - ob.logprob) < 1e-5 and abs(oa.floor_p - ob.floor_p) < 1e-5
+                # float32 rounding only: attention reads another key layout once split
+                assert abs(oa.logprob - ob.logprob) <= 1e-6 * max(1.0, abs(oa.logprob))
+                assert abs(oa.p - ob.p) < 1e-5 and oa.floor_p == ob.floor_p
 
 
 def test_floors_are_cached_across_requests(tiny_engine):
