@@ -63,6 +63,14 @@ class Calibrator:
         raise ValueError(f"unknown calibration method {self.method!r}; expected one of {METHODS}")
 
 
+def temperature_softmax(logprobs: list[float] | np.ndarray, temperature: float) -> np.ndarray:
+    """Several options: softmax(logprob / T) over the options. Never changes the argmax;
+    for two options it equals the binary temperature map on p(first option)."""
+    z = np.asarray(logprobs, dtype=np.float64) / temperature
+    z -= z.max()
+    return np.exp(z) / np.exp(z).sum()
+
+
 # ---- fitting ---------------------------------------------------------------------------
 
 

@@ -129,3 +129,12 @@ def test_reliability_diagram_is_written(tmp_path):
     p, y = _tempered(2.0, 500)
     path = save_reliability_diagram(tmp_path / "r.png", "test", [("raw", p, y)])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_temperature_softmax_keeps_the_argmax_and_matches_the_binary_map():
+    logprobs = np.log([0.6, 0.3, 0.1])
+    for temperature in (0.3, 1.0, 4.0):
+        assert np.argmax(cal.temperature_softmax(logprobs, temperature)) == 0
+    assert cal.temperature_softmax(logprobs, 1.0) == pytest.approx([0.6, 0.3, 0.1])
+    two = cal.temperature_softmax(np.log([0.8, 0.2]), 2.0)[0]
+    assert two == pytest.approx(float(cal.Calibrator("temperature", {"temperature": 2.0}).apply(0.8)))
