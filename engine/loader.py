@@ -62,9 +62,7 @@ def load_checkpoint(name_or_path: str, dtype: torch.dtype = torch.float32, devic
 
     folder, served_name = resolve_checkpoint(name_or_path)
     hf_config = AutoConfig.from_pretrained(folder)
-    model = build_model(hf_config)
-    model.load_checkpoint_state(read_safetensors(folder, dtype, device))
-    model.to(device)  # anything not in the state dict
+    model = load_model(folder, dtype, device, hf_config)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return LoadedCheckpoint(
         model=model,
@@ -77,6 +75,17 @@ def load_checkpoint(name_or_path: str, dtype: torch.dtype = torch.float32, devic
         has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
         add_bos=adds_special_tokens(tokenizer),
     )
+
+
+def load_model(folder: Path, dtype: torch.dtype, device: str, hf_config=None) -> CausalLM:
+    """Just the model stack of an HF folder (no tokenizer), in dtype on device."""
+    if hf_config is None:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(folder)
+    model = build_model(hf_config)
+    model.load_checkpoint_state(read_safetensors(Path(folder), dtype, device))
+    return model.to(device)  # anything not in the state dict
 
 
 def resolve_checkpoint(name_or_path: str) -> tuple[Path, str]:

@@ -14,6 +14,7 @@ the big part. Weights are drawn from a seeded generator, wide enough that logits
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -26,11 +27,12 @@ TOKENIZER_SOURCE = {  # family -> registry model whose real tokenizer (and vocab
 }
 TINY_FAMILIES = tuple(TOKENIZER_SOURCE)
 TINY_SLIDING_WINDOW = 16
+TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "chat_template", "added_tokens", "vocab", "merges")
 
 
 def make_tiny_checkpoint(family: str, path: Path, seed: int = 0) -> Path:
     """Write a tiny random `family` checkpoint (fp32 safetensors + real tokenizer) to `path`."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from engine.loader import registry_tokenizer_dir
 
@@ -42,7 +44,9 @@ def make_tiny_checkpoint(family: str, path: Path, seed: int = 0) -> Path:
     fill_random_weights(model, seed, norm_base=0.0 if family == "gemma3_text" else 1.0)
     path = Path(path)
     model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    for file in source.iterdir():  # the tokenizer files as saved by transformers (copying is fast)
+        if file.name.startswith(TOKENIZER_FILE_PREFIXES):
+            shutil.copyfile(file, path / file.name)
     return path
 
 

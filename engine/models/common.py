@@ -91,13 +91,13 @@ def rotary_table(config, layer_type: str | None = None) -> RotaryTable:
     else:
         layer_type = None  # flat rope_parameters: one table for every layer
     rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        dim = head_dim_of(config)
-        exponent = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
-        return RotaryTable(1.0 / (params["rope_theta"] ** exponent), 1.0)
-    init_fn = ROPE_INIT_FUNCTIONS[rope_type]
-    kwargs = {"layer_type": layer_type} if layer_type is not None else {}
-    inv_freq, scaling = init_fn(config, torch.device("cpu"), **kwargs)
+    with torch.device("cpu"):  # real values even when the model is built under torch.device("meta")
+        if rope_type == "default":
+            dim = head_dim_of(config)
+            exponent = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+            return RotaryTable(1.0 / (params["rope_theta"] ** exponent), 1.0)
+        kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), **kwargs)
     return RotaryTable(inv_freq, scaling)
 
 
@@ -125,11 +125,11 @@ class CausalLM(nn.Module):
             raise ValueError(f"{scored_index.shape[0]} scored rows is not a multiple of SCORE_CHUNK={SCORE_CHUNK}")
         x = self.hidden_states(input_ids, positions, attn)  # [T, D], before the final norm
         h = self.model.norm(x.index_select(0, scored_index))  # [S, D]
-        logits = linear(h, self.lm_head_weight, row_chunk=SCORE_CHUNK)  # [S, V]
+        logits = linear(h, self.lm_head_weight, row_chunk=SCORE_CHUNK, out_dtype=torch.float32)  # [S, V]
         if self.final_logit_softcapping is not None:
             cap = self.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
-        return logits.float()
+        return logits
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         raise NotImplementedError

@@ -30,7 +30,7 @@ from engine.models.common import (
     layer_types_of,
     rotary_table,
 )
-from engine.ops import apply_rope
+from engine.ops import norm_rope
 
 GEMMA_NORM_OFFSET = 1.0  # Gemma stores the RMSNorm scale as (scale - 1)
 
@@ -54,11 +54,12 @@ class Gemma3Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, d]
-        k = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, d]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, d]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
         cos, sin = rope  # [T, 1, d]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin, GEMMA_NORM_OFFSET)
+        k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin, GEMMA_NORM_OFFSET)
         out = tree_attention(q, k, v, attn, self.scale, self.sliding_window)  # [T, Hq, d]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, D]
 

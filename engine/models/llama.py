@@ -29,7 +29,7 @@ from engine.models.common import (
     layer_types_of,
     rotary_table,
 )
-from engine.ops import apply_rope
+from engine.ops import apply_rope, norm_rope
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -79,10 +79,12 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, d]
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope  # [T, 1, d]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_norm is not None:  # qwen3: per-head RMSNorm, then RoPE (one fused kernel on CUDA)
+            q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
+            k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
+        else:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = tree_attention(q, k, v, attn, self.scale, self.sliding_window)  # [T, Hq, d]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, D]
 
