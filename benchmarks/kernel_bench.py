@@ -61,8 +61,36 @@ def peak_tflops(kind: str, n: int = 8192) -> float:
     return 2 * n**3 / seconds / 1e12
 
 
-def kernel_rows() -> list[dict]:
+CANDIDATE_TILES = {  # (block_m, block_n, block_k, group_m, num_warps, num_stages)
+    "bf16": [(128, 256, 64, 8, 8, 3), (128, 256, 64, 8, 8, 4), (256, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4),
+             (128, 128, 64, 8, 4, 4), (128, 256, 64, 16, 8, 3)],
+    "fp8": [(128, 256, 128, 8, 8, 3), (128, 128, 128, 8, 8, 4), (256, 128, 128, 8, 8, 3), (128, 256, 64, 8, 8, 4)],
+}
+
+
+def tile_sweep() -> list[dict]:
+    """Candidate fixed tile configs on the Gemma-3-12B MLP shape (one is chosen once, then fixed)."""
     rows = []
+    m, n, k = SHAPES["gemma12b.gate"]
+    gen = torch.Generator("cuda").manual_seed(2)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    wq = fp8_matmul.quantize_weight(w)
+    xq, xs = fp8_matmul.quantize_rows(x)
+    for kind, configs in CANDIDATE_TILES.items():
+        for config in configs:
+            tiles = matmul.TileConfig(*config)
+            fn = (lambda t=tiles: matmul.matmul(x, w, tiles=t)) if kind == "bf16" else (lambda t=tiles: fp8_matmul.fp8_matmul(xq, xs, wq, tiles=t))
+            try:
+                seconds = bench(fn, reps=10, warmup=3)
+                rows.append({"shape": "sweep.gemma12b.gate", "variant": f"{kind}{config}", "ms": seconds * 1e3, "tflops": 2 * m * n * k / seconds / 1e12})
+            except Exception as error:
+                rows.append({"shape": "sweep.gemma12b.gate", "variant": f"{kind}{config}", "error": repr(error)[:120]})
+    return rows
+
+
+def kernel_rows() -> list[dict]:
+    rows = tile_sweep()
     for name, (m, n, k) in SHAPES.items():
         gen = torch.Generator("cuda").manual_seed(1)
         x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)

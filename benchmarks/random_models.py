@@ -72,7 +72,8 @@ def tokenizer_for(name: str):
 
 @torch.no_grad()
 def make_hf_model(
-    name: str, dtype: torch.dtype, seed: int = 0, num_layers: int | None = None, attn: str = "sdpa", device: str = "cuda"
+    name: str, dtype: torch.dtype, seed: int = 0, num_layers: int | None = None, attn: str = "sdpa", device: str = "cuda",
+    layer_std: float = 1.0,
 ):
     """The HF model with seeded random weights (same seed, any dtype: the same values, rounded)."""
     from transformers import AutoModelForCausalLM
@@ -80,12 +81,15 @@ def make_hf_model(
     config = hf_config(name, num_layers)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
-    fill_random_weights(model, seed, norm_base=0.0 if ARCHS[name].model_type == "gemma3_text" else 1.0)
+    fill_random_weights(model, seed, norm_base=0.0 if ARCHS[name].model_type == "gemma3_text" else 1.0, layer_std=layer_std)
     return model.eval()
 
 
 @torch.no_grad()
-def fill_random_weights(model: torch.nn.Module, seed: int, norm_base: float) -> None:
+def fill_random_weights(model: torch.nn.Module, seed: int, norm_base: float, layer_std: float = 1.0) -> None:
+    """layer_std scales the projection matrices (1.0: N(0, 1/fan_in)); smaller values make each
+    layer a smaller update of the residual stream, as in trained models, and the deep random
+    network less chaotic (bf16 rounding is amplified less from layer to layer)."""
     device = next(model.parameters()).device
     gen = torch.Generator(device).manual_seed(seed)
     hidden = model.config.hidden_size
@@ -96,7 +100,7 @@ def fill_random_weights(model: torch.nn.Module, seed: int, norm_base: float) -> 
         elif "embed_tokens" in name or name.startswith("lm_head"):
             noise *= LOGIT_STD / math.sqrt(hidden)
         else:
-            noise /= math.sqrt(param.shape[-1])
+            noise *= layer_std / math.sqrt(param.shape[-1])
         param.copy_(noise)
         del noise
 

@@ -57,19 +57,43 @@ def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float], object
 
 
 class TokenCounter:
-    """Counts the non-padding tokens of every pass the engine's runner makes."""
+    """Counts the non-padding tokens of every pass the engine's runner makes, and the time
+    spent inside the runner (block masks, the model, log-softmax; synchronised)."""
 
     def __init__(self, engine) -> None:
         self.num_tokens = 0
         self.num_passes = 0
+        self.runner_seconds = 0.0
         run = engine.runner.run
 
         def counted(batch):
             self.num_tokens += batch.num_real_tokens
             self.num_passes += 1
-            return run(batch)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            output = run(batch)
+            torch.cuda.synchronize()
+            self.runner_seconds += time.perf_counter() - start
+            return output
 
         engine.runner.run = counted
+
+
+def precompile(engine) -> dict:
+    """Memoise the engine's compile step (tokenization), so the timed runs start from
+    tokenized requests, as the baselines do; returns where the compile time is recorded."""
+    compiled, spent = {}, {"seconds": 0.0}
+    compile_one = engine._compile
+
+    def memo(request):
+        if id(request) not in compiled:
+            start = time.perf_counter()
+            compiled[id(request)] = compile_one(request)
+            spent["seconds"] += time.perf_counter() - start
+        return compiled[id(request)]
+
+    engine._compile = memo
+    return spent
 
 
 def spinf_logprobs(responses) -> list[list[float]]:
@@ -79,13 +103,29 @@ def spinf_logprobs(responses) -> list[list[float]]:
 
 def run_spinf(engine, requests, repeats: int) -> tuple[dict, list]:
     counter = TokenCounter(engine)
-    engine.score_batch(requests)  # warm-up: compiles kernels, fills the floor cache
+    compile_time = precompile(engine)
+    engine.score_batch(requests)  # warm-up: tokenizes (timed apart), compiles kernels, fills the floor cache
     counter.num_tokens = counter.num_passes = 0
+    counter.runner_seconds = 0.0
     seconds, times, output = timed(lambda: engine.score_batch(requests), repeats, warmup=1)
     num_runs = repeats + 1
     stats = {"seconds": seconds, "times": times, "tokens": counter.num_tokens // num_runs,
-             "passes": counter.num_passes // num_runs}
+             "passes": counter.num_passes // num_runs, "runner_seconds": counter.runner_seconds / num_runs,
+             "tokenize_seconds": compile_time["seconds"]}
+    stats["seconds_with_tokenize"] = seconds + stats["tokenize_seconds"]
     return stats, output.results
+
+
+def profile_pass(engine, requests, path: Path) -> str:
+    """Per-op GPU time of one score_batch (torch profiler), as a table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.score_batch(requests)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    path.write_text(table)
+    return table
 
 
 def check_invariance(engine, requests, packed_results, indices=(0, 7)) -> bool:
@@ -139,6 +179,8 @@ def main() -> None:
     parser.add_argument("--sweeps", action="store_true")
     parser.add_argument("--skip", default="", help="comma list of systems to skip")
     parser.add_argument("--commit", default=None, help="commit hash to record (the device copy has no .git)")
+    parser.add_argument("--layer-std", type=float, default=0.5, help="random_models.fill_random_weights")
+    parser.add_argument("--profile", type=Path, default=None, help="write a per-op table of one spinf_bf16 run")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -151,7 +193,8 @@ def main() -> None:
     print("peaks", result["peak_tflops"], flush=True)
 
     tokenizer = random_models.tokenizer_for(args.model)
-    hf = random_models.make_hf_model(args.model, torch.bfloat16)
+    hf = random_models.make_hf_model(args.model, torch.bfloat16, layer_std=args.layer_std)
+    result["layer_std"] = args.layer_std
     params = random_models.non_embedding_params(hf)
     result["non_embedding_params"] = params
     engine = random_models.make_engine(random_models.engine_model(hf), tokenizer, args.model, f"random-seed0-{args.model}", args.budget)
@@ -167,6 +210,8 @@ def main() -> None:
     systems["spinf_bf16"] = system_row(stats, num_questions, params, peaks["bf16"])
     systems["spinf_bf16"]["batch_invariant"] = check_invariance(engine, requests, bf16_results)
     print("spinf_bf16", _brief(systems["spinf_bf16"]), flush=True)
+    if args.profile:
+        print(profile_pass(engine, requests, args.profile), flush=True)
 
     if "hf_prefix" not in skip:
         stats, prefix_lp = hf_baselines.run_prefix(hf, items, args.repeats, timed)
@@ -175,10 +220,15 @@ def main() -> None:
         print("hf_prefix", _brief(systems["hf_prefix"]), result["spinf_bf16_vs_hf_prefix"], flush=True)
     if "hf_naive" not in skip:
         subset = items[: args.naive_texts]
-        stats, _ = hf_baselines.run_naive(hf, subset, args.repeats, timed)
+        stats, naive_lp = hf_baselines.run_naive(hf, subset, args.repeats, timed)
         systems["hf_naive"] = system_row(stats, sum(len(i.questions) for i in subset), params, peaks["bf16"],
                                          batch_invariant=False, measured_on_texts=len(subset))
-        print("hf_naive", _brief(systems["hf_naive"]), flush=True)
+        if "hf_prefix" in systems:  # two bf16 transformers runs of the same items: the bf16 noise floor
+            flat = [t.tolist() for t in naive_lp]
+            naive_rows = [[x for q in flat[i * len(it.questions) : (i + 1) * len(it.questions)] for x in q]
+                          for i, it in enumerate(subset)]
+            result["hf_naive_vs_hf_prefix"] = diff_stats(naive_rows, prefix_lp[: len(subset)])
+        print("hf_naive", _brief(systems["hf_naive"]), result.get("hf_naive_vs_hf_prefix"), flush=True)
     if "spinf_fp8" not in skip:
         fp8_model = quantize_linears_fp8(random_models.engine_model(hf))
         engine8 = random_models.make_engine(fp8_model, tokenizer, args.model, f"random-seed0-{args.model}-fp8", args.budget)
@@ -197,7 +247,8 @@ def main() -> None:
 
 
 def _brief(row: dict) -> str:
-    return f"{row['questions_per_s']:.1f} q/s {row['tokens_per_s']:.0f} tok/s mfu {row['mfu']:.3f} ({row['seconds']:.3f} s)"
+    extra = {k: round(row[k], 3) for k in ("runner_seconds", "tokenize_seconds", "passes", "batch_invariant") if k in row}
+    return f"{row['questions_per_s']:.1f} q/s {row['tokens_per_s']:.0f} tok/s mfu {row['mfu']:.3f} ({row['seconds']:.3f} s) {extra}"
 
 
 def write_result(result: dict) -> None:
@@ -224,7 +275,12 @@ def markdown(result: dict) -> str:
         note = f" (on {row['measured_on_texts']} texts)" if "measured_on_texts" in row else ""
         lines.append(f"| {name}{note} | {row['questions_per_s']:.1f} | {row['tokens_per_s']:.0f} | {row['seconds']:.3f} |"
                      f" {row['mfu']:.1%} | {row.get('batch_invariant')} |")
-    for key in ("spinf_bf16_vs_hf_prefix", "fp8_vs_bf16_drift"):
+    for name, row in result["systems"].items():
+        if "runner_seconds" in row:
+            lines.append(f"\n{name}: {row['passes']} passes; runner (GPU pass incl. block masks) {row['runner_seconds']:.3f} s of"
+                         f" {row['seconds']:.3f} s; tokenization {row['tokenize_seconds']:.3f} s more (not in the table:"
+                         f" the baselines get tokenized input too)")
+    for key in ("spinf_bf16_vs_hf_prefix", "hf_naive_vs_hf_prefix", "fp8_vs_bf16_drift"):
         if key in result:
             d = result[key]
             lines.append(f"\n{key}: mean |Δlogprob| {d['mean_abs']:.4f}, max {d['max_abs']:.4f} nats over {d['items']} items")

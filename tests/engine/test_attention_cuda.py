@@ -96,8 +96,8 @@ def test_gpu_flex_alone_vs_packed_bit_identical(window):
     num_tokens = spans[-1].start + spans[-1].num_tokens
     q, k, v = qkv(num_tokens, "cuda", torch.bfloat16)
     packed = flex_tree_attention(q, k, v, build_tree_block_masks(spans, torch.device("cuda")), 0.2, window)
-    expected = tree_attention(q.float(), k.float(), v.float(), AttentionMetadata(spans), 0.2, window)
-    assert (packed.float() - expected).abs().max() < 2e-2
+    expected = tree_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), AttentionMetadata(spans), 0.2, window)
+    assert (packed.float().cpu() - expected).abs().max() < 2e-2
     for span in spans:  # each content alone, at row 0 of its own stream
         rows = slice(span.start, span.start + span.num_tokens)
         alone_span = TreeSpan(0, span.mask, span.positions)

@@ -1,0 +1,88 @@
+"""GPU parity: spinf_bf16 against transformers in fp32 on the same random weights.
+
+    HF model fp32 (seeded) --(same tensors, cast)--> our stack in bf16 --Engine--> logprobs
+    HF fp32, each (content, question) its own whole sequence (hf_baselines.naive_pass) --> reference
+    stats: mean / max |Δlogprob| over every (content, question, option)
+    negative control: the engine with a mask leaking a sibling branch (must exceed the bounds)
+    calibration: the same HF model cast to bf16, against its own fp32 (plain bf16 transformers)
+
+    python3 benchmarks/gpu_parity.py --model gemma-3-12b [--num-layers N] [--layer-std S] --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hf_baselines  # noqa: E402
+import random_models  # noqa: E402
+from throughput import diff_stats, spinf_logprobs  # noqa: E402
+from workloads import load_workload  # noqa: E402
+
+from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+
+MEAN_BOUND, MAX_BOUND = 0.02, 0.1
+
+
+def reference(hf, items) -> list[list[float]]:
+    out, _ = hf_baselines.naive_pass(hf, items)
+    per_question = [t.tolist() for t in out]
+    rows, i = [], 0
+    for item in items:
+        rows.append([x for q in per_question[i : i + len(item.questions)] for x in q])
+        i += len(item.questions)
+    return rows
+
+
+def parity(model: str, num_layers: int | None, layer_std: float, num_texts: int, num_queries: int) -> dict:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    random_models.use_cuda_block_masks()
+    tokenizer = random_models.tokenizer_for(model)
+    hf = random_models.make_hf_model(model, torch.float32, num_layers=num_layers, layer_std=layer_std)
+    engine = random_models.make_engine(random_models.engine_model(hf, torch.bfloat16), tokenizer, model, "parity", 16384)
+    workload = load_workload("news")
+    requests = [ScoringRequest.model_validate(r) for r in workload.requests(engine.model_name, num_texts, num_queries)]
+    items = hf_baselines.items_from_engine(engine, requests)
+    ref = reference(hf, items)
+    ours = spinf_logprobs(engine.score_batch(requests).results)
+    result = {"model": model, "num_layers": num_layers or hf.config.num_hidden_layers, "layer_std": layer_std,
+              "spinf_bf16_vs_hf_fp32": diff_stats(ours, ref)}
+    engine.leak_sibling_for_negative_control()
+    result["negative_control_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_batch(requests).results), ref)
+    del engine
+    hf.to(torch.bfloat16)
+    result["hf_bf16_vs_hf_fp32"] = diff_stats(reference(hf, items), ref)
+    good, leaky = result["spinf_bf16_vs_hf_fp32"], result["negative_control_vs_hf_fp32"]
+    result["passes"] = good["mean_abs"] <= MEAN_BOUND and good["max_abs"] <= MAX_BOUND
+    result["negative_control_fails"] = leaky["mean_abs"] > MEAN_BOUND or leaky["max_abs"] > MAX_BOUND
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="gemma-3-12b", choices=sorted(random_models.ARCHS))
+    parser.add_argument("--num-layers", type=int, default=None)
+    parser.add_argument("--layer-std", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--num-texts", type=int, default=3)
+    parser.add_argument("--num-queries", type=int, default=12)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    results = []
+    for std in args.layer_std:
+        results.append(parity(args.model, args.num_layers, std, args.num_texts, args.num_queries))
+        print(json.dumps(results[-1]), flush=True)
+        torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

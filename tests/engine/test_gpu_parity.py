@@ -1,0 +1,56 @@
+"""GPU: spinf in bf16 against transformers in fp32 on the same random weights, a leaking mask
+as the negative control, and a content's scores alone vs packed with the workload.
+
+A 6-layer cut of each full-size architecture keeps the test short; benchmarks/gpu_parity.py
+runs the full depth and its results are committed under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["gemma-3-12b", "qwen3-8b"])
+def test_gpu_parity_against_hf_fp32_and_negative_control(model):
+    if not torch.cuda.is_available():
+        pytest.fail("needs CUDA (run through the device tool)")
+    from gpu_parity import MAX_BOUND, MEAN_BOUND, parity
+
+    result = parity(model, num_layers=6, layer_std=0.5, num_texts=2, num_queries=8)
+    good, leaky = result["spinf_bf16_vs_hf_fp32"], result["negative_control_vs_hf_fp32"]
+    assert good["items"] == 2 * 8 * 2
+    assert good["mean_abs"] <= MEAN_BOUND and good["max_abs"] <= MAX_BOUND, good
+    assert leaky["mean_abs"] > MEAN_BOUND or leaky["max_abs"] > MAX_BOUND, leaky
+
+
+@pytest.mark.gpu
+def test_gpu_scores_alone_vs_packed_are_bit_identical():
+    if not torch.cuda.is_available():
+        pytest.fail("needs CUDA (run through the device tool)")
+    import random_models
+    from throughput import spinf_logprobs
+    from workloads import load_workload
+
+    from spinf_jobs.protocol import ScoringRequest
+
+    random_models.use_cuda_block_masks()
+    hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=6)
+    engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
+                                       "gemma-3-12b", "invariance", 16384)
+    requests = [ScoringRequest.model_validate(r) for r in load_workload("news").requests(engine.model_name, 24, 20)]
+    passes = []
+    run = engine.runner.run
+    engine.runner.run = lambda batch: passes.append(len(batch.trees)) or run(batch)
+    packed = engine.score_batch(requests).results
+    assert max(passes) >= 10, passes  # contents really shared passes
+    for index in (0, 5, 23):
+        alone = engine.score_batch([requests[index]]).results[0]
+        assert spinf_logprobs([alone]) == spinf_logprobs([packed[index]])
+        assert alone.model_dump()["results"] == packed[index].model_dump()["results"]
