@@ -74,23 +74,30 @@ def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize:
             prefixes[answer_in, is_floor] = renderer.render_prefix(request.messages, answer_in, is_floor)
         return prefixes[answer_in, is_floor]
 
-    branches: list[Branch] = []
     floor_keys: dict[FloorKey, None] = {}
+    pending: list[tuple[int, int, dict[str, str], str, list[str], FloorKey]] = []
     for query_index, query in enumerate(request.scoring.queries):
         for combination_index, values, filled in _combinations(query):
             floor_key = FloorKey(prefix(query.answer_in, True), query.answer_in, filled, tuple(query.options))
             floor_keys[floor_key] = None
             prompt = prefix(query.answer_in, False) + filled
-            branches.append(
-                make_branch(query_index, combination_index, values, prompt, query.options, tokenize, floor_key)
-            )
+            pending.append((query_index, combination_index, values, prompt, query.options, floor_key))
+    # one tokenizer call for every string of the request (the fast tokenizer batches them)
+    texts = [text for *_, prompt, options, _ in pending for text in (prompt, *(prompt + o for o in options))]
+    token_ids = iter(tokenize(texts))
+    branches = [
+        make_branch(q, c, values, prompt, [next(token_ids) for _ in range(len(options) + 1)], key)
+        for q, c, values, prompt, options, key in pending
+    ]
     max_num_tokens = max(len(ids) for b in branches for ids in b.option_ids)
     return CompiledRequest(request, branches, max_num_tokens, list(floor_keys))
 
 
 def compile_floor(key: FloorKey, tokenize: Tokenize) -> Branch:
     """The floor of one (template, options) as a branch of its own tree."""
-    return make_branch(0, 0, {}, key.empty_prefix + key.filled_template, list(key.options), tokenize, None)
+    prompt = key.empty_prefix + key.filled_template
+    token_ids = tokenize([prompt, *(prompt + option for option in key.options)])
+    return make_branch(0, 0, {}, prompt, token_ids, None)
 
 
 def make_branch(
@@ -98,12 +105,11 @@ def make_branch(
     combination_index: int,
     values: dict[str, str],
     prompt: str,
-    options: list[str],
-    tokenize: Tokenize,
+    token_ids: list[list[int]],  # tokens of the prompt, then of prompt + each option
     floor_key: FloorKey | None,
 ) -> Branch:
-    prompt_ids, *option_ids = tokenize([prompt, *(prompt + option for option in options)])
-    branch_point = _common_prefix_length([prompt_ids, *option_ids])
+    prompt_ids, *option_ids = token_ids
+    branch_point = _common_prefix_length(token_ids)
     if branch_point == 0:
         raise PromptError(
             "scoring.queries.template",
