@@ -93,3 +93,18 @@ def test_cancel_stops_the_remaining_chunks(make_settings, service_engine):
     view = jobstore.load_view(r, job_id)
     assert view.status == JobStatus.CANCELLED and view.progress.done == 0
     assert int(r.get(queues.QUEUED_ROWS_KEY)) == 0
+
+
+def test_a_row_the_engine_refuses_is_an_error_row_not_a_lost_batch(make_settings, service_engine):
+    settings = make_settings(chunk_num_rows=10)
+    r = redis.Redis.from_url(settings.redis_url)
+    rows = texts(3, "ok") + [{"custom_id": "huge", "text": "refund " * 5000}]
+    job_id = submit_inline(r, settings, "alice", service_engine.model_name, SPEC,
+                           [JobItem.model_validate(row) for row in rows])
+    drain_until_settled(make_worker(settings, service_engine), [job_id])
+    view = jobstore.load_view(r, job_id)
+    assert view.status == JobStatus.SUCCEEDED and (view.progress.done, view.progress.failed) == (4, 1)
+    results = _rows(r, job_id)
+    assert [row["custom_id"] for row in results] == ["ok0", "ok1", "ok2", "huge"]
+    assert all("response" in row for row in results[:3])
+    assert results[3]["error"]["field"] == "messages"
