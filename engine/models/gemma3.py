@@ -120,7 +120,7 @@ class Gemma3ForCausalLM(CausalLM):
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # [T, D]
-        x = x * embed_scale(self.config, x.dtype).to(x.device)
+        x = x * embed_scale(self.config, x.dtype).item()  # the scale is exact in x's dtype
         ropes = {t: table.cos_sin(positions, x.dtype) for t, table in self.rope_tables.items()}
         for layer in self.model.layers:
             x = layer(x, ropes[layer.layer_type], attn)
