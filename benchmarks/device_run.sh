@@ -6,7 +6,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/out}; OUT=/tmp/run; mkdir -p "$OUT" "$FINAL"  # everything is tarred into $FINAL/run.tgz (8-file limit)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv
 for stage in "$@"; do
   IFS=: read -r kind model workload extra <<<"$stage"
@@ -14,9 +14,9 @@ for stage in "$@"; do
   case $kind in
     tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/kernels tests/engine/test_attention_cuda.py $(ls tests/engine/test_gpu_parity.py 2>/dev/null) 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     kernels) python3 benchmarks/kernel_bench.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernel_bench.log" | tail -50 ;;
-    throughput) python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" $extra 2>&1 | tee "$OUT/throughput-$workload-$model.log" | grep -v Warning | tail -40 ;;
-    parity) python3 benchmarks/gpu_parity.py --model "$model" --out "$OUT/parity-$model.json" 2>&1 | tee "$OUT/parity-$model.log" | tail -20 ;;
+    throughput) TORCH_LOGS=recompiles python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" --profile "$OUT/profile-$workload-$model.txt" $extra 2>&1 | tee "$OUT/throughput-$workload-$model.log" | grep -v Warning | tail -40 ;;
+    parity) python3 benchmarks/gpu_parity.py --model "$model" --layer-std 1.0 0.5 --out "$OUT/parity-$model.json" 2>&1 | tee "$OUT/parity-$model.log" | tail -20 ;;
   esac
 done
 cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null
-ls "$OUT"
+tar czf "$FINAL/run.tgz" -C "$OUT" . && ls "$OUT"

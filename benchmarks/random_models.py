@@ -101,7 +101,9 @@ def fill_random_weights(model: torch.nn.Module, seed: int, norm_base: float, lay
             noise *= LOGIT_STD / math.sqrt(hidden)
         else:
             noise *= layer_std / math.sqrt(param.shape[-1])
-        param.copy_(noise)
+        # Values on the bf16 grid: an fp32 copy of the model then holds exactly the weights
+        # the bf16 engine uses, so parity measures the computation, not weight rounding.
+        param.copy_(noise.to(torch.bfloat16))
         del noise
 
 
