@@ -35,7 +35,8 @@ def drain_dead_chunks(r: Redis, s3, settings: Settings, worker_name: str) -> int
     while (entry := r.lindex(DEAD_CHUNKS_KEY, 0)) is not None:
         item = orjson.loads(entry)
         if "chunk_index" in item["payload"]:
-            settle_dead_chunk(r, s3, settings, ChunkPayload.model_validate(item["payload"]), item["reason"], worker_name)
+            payload = ChunkPayload.model_validate(item["payload"])
+            settle_dead_chunk(r, s3, settings, payload, item["reason"], worker_name)
         r.lrem(DEAD_CHUNKS_KEY, 1, entry)
         num_settled += 1
     return num_settled

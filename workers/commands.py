@@ -102,7 +102,8 @@ def _serve(args: argparse.Namespace) -> int:
     import threading
 
     service, token = _start_embedded(args)
-    print(f"spinf-jobs serving {', '.join(service.engines)} at {service.base_url} (Redis: {service.settings.redis_url})")
+    models = ", ".join(service.engines)
+    print(f"spinf-jobs serving {models} at {service.base_url} (Redis: {service.settings.redis_url})")
     if token:
         print(f"API key (also in {service.settings.data_dir / 'api-key'}): {token}")
     stopped = threading.Event()

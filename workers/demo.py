@@ -20,7 +20,8 @@ NUM_EXAMPLE_ROWS = 12
 
 
 def run_demo(service, token: str, dataset: Path | None, scoring: Path | None) -> int:
-    rows = [orjson.loads(line) for line in (dataset or DEMO_DIR / "messages.jsonl").read_bytes().splitlines() if line.strip()]
+    lines = (dataset or DEMO_DIR / "messages.jsonl").read_bytes().splitlines()
+    rows = [orjson.loads(line) for line in lines if line.strip()]
     spec = orjson.loads((scoring or DEMO_DIR / "scoring.json").read_bytes())
     client = httpx.Client(base_url=service.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
     started = time.perf_counter()

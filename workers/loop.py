@@ -80,7 +80,9 @@ class GreedyWorker(SimpleWorker):
 
     @staticmethod
     def _queue(connection: Redis, name: str) -> Queue:
-        return Queue(name, connection=connection, serializer=queues.JsonSerializer, death_penalty_class=TimerDeathPenalty)
+        return Queue(
+            name, connection=connection, serializer=queues.JsonSerializer, death_penalty_class=TimerDeathPenalty
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------
 

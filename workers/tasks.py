@@ -163,7 +163,8 @@ def finalize_if_complete(r: Redis, s3, settings: Settings, job_id: str) -> bool:
     if record.get("output"):
         output = parse_s3_uri(record["output"])
         manifest = datasets.build_manifest(job_id, record["input"], output, jobstore.chunk_summaries(r, job_id))
-        put_bytes(s3, datasets.manifest_uri(output), orjson.dumps(manifest, option=orjson.OPT_INDENT_2), "application/json")
+        body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2)
+        put_bytes(s3, datasets.manifest_uri(output), body, "application/json")
     ttl = settings.sync_result_ttl_s if record.get("kind") == "sync" else settings.result_ttl_s
     return jobstore.finish(r, job_id, JobStatus.SUCCEEDED, ttl)
 
@@ -240,4 +241,5 @@ def run_plan(payload: dict) -> dict:
     from spinf_jobs.settings import get_settings
 
     settings = get_settings()
-    return plan_dataset(get_current_job().connection, make_client(settings), settings, PlanPayload.model_validate(payload))
+    plan = PlanPayload.model_validate(payload)
+    return plan_dataset(get_current_job().connection, make_client(settings), settings, plan)

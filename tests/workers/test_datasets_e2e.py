@@ -58,7 +58,8 @@ def test_s3_dataset_gives_one_row_per_input_row(make_settings, s3_server, s3_buc
                                                            headers=bearer("alice")).iter_lines() if line]
         outputs = _objects(s3, s3_bucket, "out/")
 
-        rows = [orjson.loads(line) for key in sorted(outputs) if "/results/" in key for line in outputs[key].splitlines()]
+        rows = [orjson.loads(line) for key in sorted(outputs) if "/results/" in key
+                for line in outputs[key].splitlines()]
         assert len(rows) == 200 and rows == streamed
         assert sum("response" in row for row in rows) == 195
         errors = [row for row in rows if "error" in row]
