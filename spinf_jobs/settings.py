@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     result_ttl_s: int = 7 * 24 * 3600  # retention of finished jobs and inline results in Redis
     sync_result_ttl_s: int = 3600  # retention of /v1/score and chat jobs
     idempotency_ttl_s: int = 24 * 3600
-    max_num_retries: int = 3  # re-queues of a chunk whose worker died or whose run raised
+    max_num_retries: int = Field(default=3, ge=0)  # re-queues of a chunk whose worker died or whose run raised
 
     # workers
     heartbeat_interval_s: float = 5.0  # a held job's heartbeat period

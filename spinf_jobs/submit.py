@@ -58,7 +58,7 @@ def _job_data(settings: Settings, func: str, rq_id: str, payload: ChunkPayload |
         timeout=-1,  # the worker's heartbeat, not a wall clock, decides when a job is lost
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.result_ttl_s,
-        retry=Retry(max=settings.max_num_retries),
+        retry=Retry(max=settings.max_num_retries) if settings.max_num_retries > 0 else None,
         on_failure=Callback(queues.FAILURE_CALLBACK),
     )
 

@@ -108,3 +108,22 @@ def test_a_row_the_engine_refuses_is_an_error_row_not_a_lost_batch(make_settings
     assert [row["custom_id"] for row in results] == ["ok0", "ok1", "ok2", "huge"]
     assert all("response" in row for row in results[:3])
     assert results[3]["error"]["field"] == "messages"
+
+
+def test_a_chunk_rq_gives_up_on_still_settles_with_error_rows(make_settings, service_engine):
+    import time
+
+    settings = make_settings(chunk_num_rows=5, max_num_retries=0, heartbeat_ttl_s=1, maintenance_interval_s=0.1)
+    r = redis.Redis.from_url(settings.redis_url)
+    job_id = _submit(r, settings, service_engine.model_name, 3, "lost")
+    dead = make_worker(settings, service_engine, name="dies-holding-it")
+    queue = dead.queues[1]
+    dead._hold(*dead._pop([queue]), service_engine.model_name)  # held, then never heartbeats again
+    time.sleep(2.5)
+    survivor = make_worker(settings, service_engine, name="survivor")
+    survivor.maintain_if_due()  # registry cleanup: no retries left -> failure callback -> error rows
+    view = jobstore.load_view(r, job_id)
+    assert view.status == JobStatus.SUCCEEDED and (view.progress.done, view.progress.failed) == (3, 3)
+    rows = _rows(r, job_id)
+    assert [row["custom_id"] for row in rows] == ["lost0", "lost1", "lost2"]
+    assert all("not scored" in row["error"]["message"] for row in rows)
