@@ -41,6 +41,7 @@ class PackFit:
     multiclass: dict[str, dict] = field(default_factory=dict)  # decision id -> before/after metrics
     orderings: dict[str, dict] = field(default_factory=dict)  # lettered question id -> one vs all
     held_out: str = ""
+    category_inputs: dict[str, str] = field(default_factory=dict)  # category -> "calibrated" | "raw"
 
 
 def question_targets(pack: Pack, rows: list[ScoredRow]) -> dict[str, np.ndarray]:
@@ -58,21 +59,26 @@ def fit_pack(pack: Pack, rows: list[ScoredRow], *, num_folds: int = 5, seed: int
         for q, y in question_targets(pack, rows).items()
     }
     categories: dict[str, cal.MethodChoice] = {}
+    category_inputs: dict[str, str] = {}
     raw_category: dict[str, np.ndarray] = {}
     for category in pack.categories:
         y = np.array([float(category.id in r.labels) for r in rows])
-        merged, raw = [], []
-        for i, row in enumerate(rows):
-            oof = {q: float(choice.held_out_p[i]) for q, choice in questions.items()}
-            merged.append(combine_scores(category, pack, {**row.choices, **row.questions, **oof}))
-            raw.append(combine_scores(category, pack, {**row.choices, **row.questions}))
-        choice = cal.choose_method(np.array(merged), y, num_folds=num_folds, seed=seed)
-        # "before" is the pack without any calibration: the combine of the raw scores
-        choice.before = cal.binary_metrics(np.array(raw), y)
-        choice.num_flipped = cal.num_flipped(np.array(raw), choice.held_out_p)
-        categories[category.id] = choice
-        raw_category[category.id] = np.array(raw)
-    fit = PackFit(questions, categories, held_out=f"{num_folds}-fold stratified cross-fit (seed {seed})")
+        raw = np.array([combine_scores(category, pack, {**r.choices, **r.questions}) for r in rows])
+        merged = np.array([
+            combine_scores(category, pack, {**r.choices, **r.questions,
+                                            **{q: float(c.held_out_p[i]) for q, c in questions.items()}})
+            for i, r in enumerate(rows)
+        ])
+        # the category map may read the combine of calibrated question scores or of raw
+        # ones; both are judged against the uncalibrated pack and the better one is kept
+        options = {name: cal.choose_method(x, y, num_folds=num_folds, seed=seed, baseline=raw)
+                   for name, x in (("calibrated", merged), ("raw", raw))}
+        eligible = [n for n, c in options.items() if cal.is_eligible(c)] or list(options)
+        best = min(eligible, key=lambda n: options[n].after["log_loss"])
+        categories[category.id], category_inputs[category.id] = options[best], best
+        raw_category[category.id] = raw
+    fit = PackFit(questions, categories, held_out=f"{num_folds}-fold stratified cross-fit (seed {seed})",
+                  category_inputs=category_inputs)
     fit.multiclass = multiclass_summaries(pack, rows, raw_category, categories)
     fit.orderings = ordering_summaries(pack, rows, seed=seed)
     return fit
@@ -141,12 +147,12 @@ def _provenance(choice: cal.MethodChoice, *, data: str, data_sha256: str, model:
     )
 
 
-def _calibration(choice: cal.MethodChoice, provenance: Provenance) -> Calibration:
+def _calibration(choice: cal.MethodChoice, provenance: Provenance, reads: str = "calibrated") -> Calibration:
     def rounded(value):
         return [round(v, 6) for v in value] if isinstance(value, list) else round(float(value), 6)
 
     params = {k: rounded(v) for k, v in choice.calibrator.params.items()}
-    return Calibration(method=choice.method, params=params, provenance=provenance)
+    return Calibration(method=choice.method, params=params, reads=reads, provenance=provenance)
 
 
 def to_pack_calibration(fit: PackFit, *, data: str, data_sha256: str, model: str, fingerprint: str,
@@ -155,6 +161,7 @@ def to_pack_calibration(fit: PackFit, *, data: str, data_sha256: str, model: str
              "held_out": fit.held_out}
     return PackCalibration(
         questions={q: _calibration(c, _provenance(c, **where)) for q, c in fit.questions.items()},
-        categories={k: _calibration(c, _provenance(c, **where)) for k, c in fit.categories.items()},
+        categories={k: _calibration(c, _provenance(c, **where), fit.category_inputs.get(k, "calibrated"))
+                    for k, c in fit.categories.items()},
         report=report,
     )

@@ -28,7 +28,8 @@ def _choice_json(choice) -> dict:
 
 
 def report_json(pack: Pack, fit: PackFit, meta: dict) -> dict:
-    categories = {c: _choice_json(choice) for c, choice in fit.categories.items()}
+    categories = {c: _choice_json(choice) | {"reads": fit.category_inputs.get(c, "calibrated")}
+                  for c, choice in fit.categories.items()}
     meets = {c: (v["after"]["ece"] <= ECE_BAR and v["after"]["accuracy"] >= v["before"]["accuracy"]
                  and not v["after"]["auc"] < v["before"]["auc"]) for c, v in categories.items()}
     return {"pack": pack.id, "version": pack.version, "meta": meta, "held_out": fit.held_out,
@@ -54,7 +55,8 @@ def report_markdown(pack: Pack, fit: PackFit, meta: dict) -> str:
         " over raw question scores).", "",
         "## Categories", "", header,
     ]
-    lines += [_row(c, ch.method, ch.before, ch.after, ch.num_flipped) for c, ch in fit.categories.items()]
+    lines += [_row(c, f"{ch.method} ({fit.category_inputs.get(c, 'calibrated')} input)", ch.before, ch.after,
+                   ch.num_flipped) for c, ch in fit.categories.items()]
     lines += ["", "## Questions", "", header]
     lines += [_row(q, ch.method, ch.before, ch.after, ch.num_flipped) for q, ch in fit.questions.items()]
     for decision, summary in fit.multiclass.items():

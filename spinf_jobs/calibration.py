@@ -314,13 +314,16 @@ def choose_method(
     methods: tuple[str, ...] = CANDIDATE_METHODS,
     num_folds: int = 5,
     seed: int = 0,
+    baseline: np.ndarray | None = None,
 ) -> MethodChoice:
     """Pick the method with the lowest out-of-fold log-loss among those that keep accuracy
-    (at 0.5) and AUC (within AUC_TOLERANCE) no lower than the raw scores; temperature is
-    the fallback since it never moves a row across 0.5."""
+    (at 0.5) and AUC (within AUC_TOLERANCE) no lower than the baseline (default: the raw
+    scores `p` themselves); temperature is the fallback since it never moves a row across
+    0.5. `baseline` lets a category compare against the uncalibrated pack's score when `p`
+    is already built from calibrated question scores."""
     p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
     folds = stratified_folds(y, num_folds, seed)
-    before = binary_metrics(p, y)
+    before = binary_metrics(p if baseline is None else np.asarray(baseline, dtype=np.float64), y)
     held_out = {m: cross_fit(m, p, y, folds) for m in methods}
     candidates = {m: binary_metrics(q, y) for m, q in held_out.items()}
 
@@ -339,5 +342,12 @@ def choose_method(
         before=before,
         after=binary_metrics(chosen_p, y),
         candidates=candidates,
-        num_flipped=num_flipped(p, chosen_p),
+        num_flipped=num_flipped(p if baseline is None else baseline, chosen_p),
     )
+
+
+def is_eligible(choice: MethodChoice) -> bool:
+    """Held-out accuracy and AUC no lower than before (AUC within AUC_TOLERANCE)."""
+    before, after = choice.before, choice.after
+    auc_ok = np.isnan(before["auc"]) or after["auc"] >= before["auc"] - AUC_TOLERANCE
+    return after["accuracy"] >= before["accuracy"] and auc_ok

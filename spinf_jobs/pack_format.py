@@ -66,6 +66,9 @@ class Provenance(_Strict):
 class Calibration(_Strict):
     method: Literal["identity", "temperature", "platt", "isotonic"]
     params: dict[str, float | list[float]] = Field(default_factory=dict)
+    # categories only: the map reads the combine of the members' calibrated scores
+    # ("calibrated") or of their raw scores ("raw"); `spinf-jobs calibrate` keeps the better
+    reads: Literal["calibrated", "raw"] = "calibrated"
     provenance: Provenance | None = None
 
     @model_validator(mode="after")

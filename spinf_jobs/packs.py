@@ -239,8 +239,9 @@ def apply_pack(pack: Pack, results: list[QueryResult]) -> dict[str, Any]:
     calibrated = member_scores(questions, "calibrated_p")
     categories: dict[str, dict[str, Any]] = {}
     for category in pack.categories:
-        calibrator = _calibrator(pack.calibration.categories.get(category.id))
-        merged = combine_scores(category, pack, calibrated)
+        fitted = pack.calibration.categories.get(category.id)
+        calibrator = _calibrator(fitted)
+        merged = combine_scores(category, pack, raw if fitted and fitted.reads == "raw" else calibrated)
         categories[category.id] = {
             "score": combine_scores(category, pack, raw),
             "calibrated_score": float(calibrator.apply(merged)) if calibrator else None,

@@ -112,3 +112,11 @@ def test_calibration_written_into_the_file_appears_beside_raw_values(mini, mini_
 def test_a_calibration_for_an_unknown_question_is_refused(mini):
     with pytest.raises(PackError, match="calibration"):
         write_calibration(mini, PackCalibration(questions={"ghost": Calibration(method="identity")}))
+
+
+def test_a_category_map_that_reads_raw_scores_ignores_question_calibration(mini, mini_results):
+    question_map = Calibration(method="platt", params={"a": 1.0, "b": -3.0})
+    category_map = Calibration(method="temperature", params={"temperature": 1.0}, reads="raw")
+    pack = write_calibration(mini, PackCalibration(questions={"rude": question_map}, categories={"hostile": category_map}))
+    out = apply_pack(pack, mini_results)
+    assert out["categories"]["hostile"]["calibrated_score"] == pytest.approx((3 * 0.8 + 0.4) / 4)
