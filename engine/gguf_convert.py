@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,8 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> str:
     `out_dir`; returns the SHA-256 of model.safetensors."""
     from transformers import AutoConfig, AutoTokenizer
 
+    if sys.byteorder != "little":  # safetensors is little-endian; we write numpy's native bytes
+        raise RuntimeError("the GGUF converter needs a little-endian machine")
     out_dir.mkdir(parents=True, exist_ok=True)
     config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, config=config)
@@ -85,7 +88,7 @@ def _write_weights(gguf_path: Path, config, out_file: Path) -> tuple[str, str]:
             array = np.ascontiguousarray(result.weights, dtype=np.float32)
             if tuple(array.shape) != expected[hf_name]:
                 raise ValueError(f"{tensor.name}: shape {array.shape}, model expects {expected[hf_name]}")
-            data = memoryview(array).cast("B")  # float32, little-endian on every machine we run
+            data = memoryview(array).cast("B")
             out.write(data)
             digest.update(data)
     return digest.hexdigest(), type(meta_model).__name__

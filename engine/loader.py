@@ -173,6 +173,8 @@ def _convert_into(model: RegistryModel, final: Path) -> None:
     from engine.gguf_convert import convert_gguf_to_hf
 
     parts = part_paths(model)
+    for stale in final.parent.glob(f".{model.served_name}.*"):  # left by a killed conversion; we hold the lock
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{model.served_name}.", dir=final.parent))
     try:
         if len(parts) == 1:  # a single file ships whole: verify it where it lies

@@ -182,3 +182,14 @@ def test_build_model_on_meta_device_then_load(models, tiny_checkpoint):
     model.load_checkpoint_state(load_file(tiny_checkpoint("gemma3_text") / "model.safetensors"))
     packed = pack([random_tokens(20, seed=9)])
     assert torch.equal(packed.run(model), packed.run(ours))
+
+
+def test_tiny_checkpoints_are_deterministic_for_a_seed(tiny_checkpoint, tmp_path):
+    from engine.loader import sha256_file
+    from engine.tiny import make_tiny_checkpoint
+
+    again = make_tiny_checkpoint("llama", tmp_path / "again", seed=0)
+    other = make_tiny_checkpoint("llama", tmp_path / "other", seed=1)
+    digest = sha256_file(tiny_checkpoint("llama") / "model.safetensors")
+    assert sha256_file(again / "model.safetensors") == digest
+    assert sha256_file(other / "model.safetensors") != digest
