@@ -41,19 +41,22 @@ def reference(hf, items) -> list[list[float]]:
     return rows
 
 
-def parity(model: str, num_layers: int | None, layer_std: float, num_texts: int, num_queries: int) -> dict:
+def parity(
+    model: str, num_layers: int | None, layer_std: float, num_texts: int, num_queries: int, logit_std: float = 4.0
+) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     random_models.use_cuda_block_masks()
     tokenizer = random_models.tokenizer_for(model)
-    hf = random_models.make_hf_model(model, torch.float32, num_layers=num_layers, layer_std=layer_std)
+    hf = random_models.make_hf_model(model, torch.float32, num_layers=num_layers, layer_std=layer_std,
+                                     logit_std=logit_std)
     engine = random_models.make_engine(random_models.engine_model(hf, torch.bfloat16), tokenizer, model, "parity", 16384)
     workload = load_workload("news")
     requests = [ScoringRequest.model_validate(r) for r in workload.requests(engine.model_name, num_texts, num_queries)]
     items = hf_baselines.items_from_engine(engine, requests)
     ref = reference(hf, items)
     ours = spinf_logprobs(engine.score_batch(requests).results)
-    result = {"model": model, "num_layers": num_layers or hf.config.num_hidden_layers, "layer_std": layer_std,
+    result = {"model": model, "num_layers": num_layers or hf.config.num_hidden_layers, "layer_std": layer_std, "logit_std": logit_std,
               "spinf_bf16_vs_hf_fp32": diff_stats(ours, ref)}
     engine.leak_sibling_for_negative_control()
     result["negative_control_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_batch(requests).results), ref)
@@ -71,13 +74,15 @@ def main() -> None:
     parser.add_argument("--model", default="gemma-3-12b", choices=sorted(random_models.ARCHS))
     parser.add_argument("--num-layers", type=int, default=None)
     parser.add_argument("--layer-std", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--logit-std", type=float, nargs="+", default=[4.0])
     parser.add_argument("--num-texts", type=int, default=3)
     parser.add_argument("--num-queries", type=int, default=12)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     results = []
     for std in args.layer_std:
-        results.append(parity(args.model, args.num_layers, std, args.num_texts, args.num_queries))
+        for logit_std in args.logit_std:
+            results.append(parity(args.model, args.num_layers, std, args.num_texts, args.num_queries, logit_std))
         print(json.dumps(results[-1]), flush=True)
         torch.cuda.empty_cache()
     if args.out:

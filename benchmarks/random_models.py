@@ -73,7 +73,7 @@ def tokenizer_for(name: str):
 @torch.no_grad()
 def make_hf_model(
     name: str, dtype: torch.dtype, seed: int = 0, num_layers: int | None = None, attn: str = "sdpa", device: str = "cuda",
-    layer_std: float = 1.0,
+    layer_std: float = 1.0, logit_std: float = LOGIT_STD,
 ):
     """The HF model with seeded random weights (same seed, any dtype: the same values, rounded)."""
     from transformers import AutoModelForCausalLM
@@ -81,12 +81,14 @@ def make_hf_model(
     config = hf_config(name, num_layers)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
-    fill_random_weights(model, seed, norm_base=0.0 if ARCHS[name].model_type == "gemma3_text" else 1.0, layer_std=layer_std)
+    fill_random_weights(model, seed, norm_base=0.0 if ARCHS[name].model_type == "gemma3_text" else 1.0, layer_std=layer_std, logit_std=logit_std)
     return model.eval()
 
 
 @torch.no_grad()
-def fill_random_weights(model: torch.nn.Module, seed: int, norm_base: float, layer_std: float = 1.0) -> None:
+def fill_random_weights(
+    model: torch.nn.Module, seed: int, norm_base: float, layer_std: float = 1.0, logit_std: float = LOGIT_STD
+) -> None:
     """layer_std scales the projection matrices (1.0: N(0, 1/fan_in)); smaller values make each
     layer a smaller update of the residual stream, as in trained models, and the deep random
     network less chaotic (bf16 rounding is amplified less from layer to layer)."""
@@ -98,7 +100,7 @@ def fill_random_weights(model: torch.nn.Module, seed: int, norm_base: float, lay
         if name.endswith("norm.weight"):
             noise = norm_base + 0.1 * noise
         elif "embed_tokens" in name or name.startswith("lm_head"):
-            noise *= LOGIT_STD / math.sqrt(hidden)
+            noise *= logit_std / math.sqrt(hidden)
         else:
             noise *= layer_std / math.sqrt(param.shape[-1])
         # Values on the bf16 grid: an fp32 copy of the model then holds exactly the weights

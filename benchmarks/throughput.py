@@ -180,6 +180,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma list of systems to skip")
     parser.add_argument("--commit", default=None, help="commit hash to record (the device copy has no .git)")
     parser.add_argument("--layer-std", type=float, default=0.5, help="random_models.fill_random_weights")
+    parser.add_argument("--tag", default="", help="suffix of the result file name (e.g. sweeps)")
     parser.add_argument("--profile", type=Path, default=None, help="write a per-op table of one spinf_bf16 run")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -188,7 +189,7 @@ def main() -> None:
 
     result = {"commit": args.commit or git_commit(), "gpu": torch.cuda.get_device_name(), "model": args.model,
               "workload": args.workload, "date": datetime.date.today().isoformat(), "repeats": args.repeats,
-              "torch": torch.__version__, "budget_tokens": args.budget}
+              "torch": torch.__version__, "budget_tokens": args.budget, "tag": args.tag}
     result["peak_tflops"] = {"bf16": peak_tflops("bf16"), "fp8": peak_tflops("fp8")}
     print("peaks", result["peak_tflops"], flush=True)
 
@@ -253,7 +254,8 @@ def _brief(row: dict) -> str:
 
 def write_result(result: dict) -> None:
     RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"{result['date']}-{result['workload']}-{result['model']}"
+    tag = f"-{result['tag']}" if result.get("tag") else ""
+    stem = RESULTS / f"{result['date']}-{result['workload']}-{result['model']}{tag}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     stem.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

@@ -127,7 +127,8 @@ def build_tree_block_masks(spans, device: torch.device, bucket: int = BUCKET) ->
         num_words += span_bits.size
     block_pos = positions.reshape(num_blocks, BLOCK_SIZE)
     # Capacity depends only on the bucket, so the compiled kernel's input shapes repeat.
-    bits = torch.zeros(num_padded * num_padded // 32, dtype=torch.int32, device=device)
+    # Words past num_words are never read (the mask_mod reads only inside q's span): empty, not zeros.
+    bits = torch.empty(num_padded * num_padded // 32, dtype=torch.int32, device=device)
     bits[:num_words].copy_(torch.from_numpy(np.concatenate(words)))
 
     def to_dev(a: np.ndarray) -> torch.Tensor:
