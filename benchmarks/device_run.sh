@@ -17,6 +17,8 @@ for stage in "$@"; do
     throughput) TORCH_LOGS=recompiles python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" --profile "$OUT/profile-$workload-$model.txt" $extra 2>&1 | tee "$OUT/throughput-$workload-$model.log" | grep -v Warning | tail -40 ;;
     parity) python3 benchmarks/gpu_parity.py --model "$model" --layer-std 0.5 --logit-std 4 1 $extra --out "$OUT/parity-$model$workload.json" 2>&1 | tee "$OUT/parity-$model.log" | tail -20 ;;
   esac
+  cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null
+  tar czf "$FINAL/run.tgz" -C "$OUT" .  # after every stage: a timeout still brings back what ran
 done
 cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null
 tar czf "$FINAL/run.tgz" -C "$OUT" . && ls "$OUT"
