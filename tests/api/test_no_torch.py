@@ -1,0 +1,16 @@
+"""The API and the shared contract never import torch (they run on machines without it)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_api_and_spinf_jobs_do_not_import_torch():
+    code = ("import sys; import api.app, api.routes.jobs, spinf_jobs.submit, spinf_jobs.jobstore, spinf_jobs.datasets;"
+            " api.app.create_app(__import__('spinf_jobs.settings').settings.Settings(redis_url='redis://127.0.0.1:1'));"
+            " print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
