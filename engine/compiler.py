@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.prompts import PromptError, PromptRenderer
+from engine.tokenize import Tokenize
 from spinf_jobs.protocol import Query, ScoringRequest
 from spinf_jobs.templates import expand_grid, parse_template
 
@@ -55,17 +56,6 @@ class CompiledRequest:
     floor_keys: list[FloorKey] = field(default_factory=list)  # distinct, in first-use order
 
 
-@dataclass(frozen=True, slots=True)
-class Tokenize:
-    """Whole-string tokenization as the model expects it (special tokens as rendered)."""
-
-    tokenizer: object
-    add_special_tokens: bool
-
-    def __call__(self, texts: list[str]) -> list[list[int]]:
-        return self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
-
-
 def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize) -> CompiledRequest:
     prefixes: dict[tuple[str, bool], str] = {}
 
@@ -75,29 +65,31 @@ def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize:
         return prefixes[answer_in, is_floor]
 
     floor_keys: dict[FloorKey, None] = {}
-    pending: list[tuple[int, int, dict[str, str], str, list[str], FloorKey]] = []
+    pending: dict[str, list[tuple[int, int, dict[str, str], str, list[str], FloorKey]]] = {}
     for query_index, query in enumerate(request.scoring.queries):
         for combination_index, values, filled in _combinations(query):
             floor_key = FloorKey(prefix(query.answer_in, True), query.answer_in, filled, tuple(query.options))
             floor_keys[floor_key] = None
-            prompt = prefix(query.answer_in, False) + filled
-            pending.append((query_index, combination_index, values, prompt, query.options, floor_key))
-    # one tokenizer call for every string of the request (the fast tokenizer batches them)
-    texts = [text for *_, prompt, options, _ in pending for text in (prompt, *(prompt + o for o in options))]
-    token_ids = iter(tokenize(texts))
-    branches = [
-        make_branch(q, c, values, prompt, [next(token_ids) for _ in range(len(options) + 1)], key)
-        for q, c, values, prompt, options, key in pending
-    ]
+            item = (query_index, combination_index, values, filled, query.options, floor_key)
+            pending.setdefault(query.answer_in, []).append(item)
+    branches: list[Branch] = []
+    for answer_in, items in pending.items():  # one tokenizer call per rendered prefix
+        content = prefix(answer_in, False)
+        suffixes = [text for *_, filled, options, _ in items for text in (filled, *(filled + o for o in options))]
+        token_ids = iter(tokenize.continuations(content, suffixes))
+        for q, c, values, filled, options, key in items:
+            ids = [next(token_ids) for _ in range(len(options) + 1)]
+            branches.append(make_branch(q, c, values, content + filled, ids, key))
+    branches.sort(key=lambda b: (b.query_index, b.combination_index))
     max_num_tokens = max(len(ids) for b in branches for ids in b.option_ids)
     return CompiledRequest(request, branches, max_num_tokens, list(floor_keys))
 
 
 def compile_floor(key: FloorKey, tokenize: Tokenize) -> Branch:
     """The floor of one (template, options) as a branch of its own tree."""
-    prompt = key.empty_prefix + key.filled_template
-    token_ids = tokenize([prompt, *(prompt + option for option in key.options)])
-    return make_branch(0, 0, {}, prompt, token_ids, None)
+    suffixes = [key.filled_template, *(key.filled_template + option for option in key.options)]
+    token_ids = tokenize.continuations(key.empty_prefix, suffixes)
+    return make_branch(0, 0, {}, key.empty_prefix + key.filled_template, token_ids, None)
 
 
 def make_branch(

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import orjson
 import torch
 
-from engine.compiler import CompiledRequest, FloorKey, Tokenize, compile_floor, compile_request
+from engine.compiler import CompiledRequest, FloorKey, compile_floor, compile_request
+from engine.tokenize import Tokenize
 from engine.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
 from engine.loader import load_checkpoint
 from engine.model_registry import DEFAULT_MODEL

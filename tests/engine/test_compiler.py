@@ -2,7 +2,8 @@
 
 from transformers import AutoTokenizer
 
-from engine.compiler import Tokenize, compile_request
+from engine.compiler import compile_request
+from engine.tokenize import Tokenize
 from engine.prompts import PromptRenderer
 from engine.tree import build_tree
 from spinf_jobs.protocol import ScoringRequest
