@@ -3,7 +3,8 @@
     HF model fp32 (seeded) --(same tensors, cast)--> our stack in bf16 --Engine--> logprobs
     HF fp32, each (content, question) its own whole sequence (hf_baselines.naive_pass) --> reference
     stats: mean / max |Δlogprob| over every (content, question, option)
-    negative control: the engine with a mask leaking a sibling branch (must exceed the bounds)
+    negative controls: a causal mask over each tree (every token also sees all earlier sibling
+    branches: must exceed the bounds) and the engine's own one-token leak (reported)
     calibration: the same HF model cast to bf16, against its own fp32 (plain bf16 transformers)
 
     python3 benchmarks/gpu_parity.py --model gemma-3-12b [--num-layers N] [--layer-std S] --out FILE.json
@@ -16,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,6 +31,12 @@ from workloads import load_workload  # noqa: E402
 from spinf_jobs.protocol import ScoringRequest  # noqa: E402
 
 MEAN_BOUND, MAX_BOUND = 0.02, 0.1
+
+
+def sibling_leak_mask(parents: list[int], num_padded: int) -> np.ndarray:
+    """NEGATIVE CONTROL ONLY: plain causal attention over the tree's node order, so each
+    branch also reads every sibling branch listed before it (what a broken tree mask does)."""
+    return np.tril(np.ones((num_padded, num_padded), dtype=bool))
 
 
 def reference(hf, items) -> list[list[float]]:
@@ -58,8 +66,12 @@ def parity(
     ours = spinf_logprobs(engine.score_batch(requests).results)
     result = {"model": model, "num_layers": num_layers or hf.config.num_hidden_layers, "layer_std": layer_std, "logit_std": logit_std,
               "spinf_bf16_vs_hf_fp32": diff_stats(ours, ref)}
-    engine.leak_sibling_for_negative_control()
+    engine.mask_fn = sibling_leak_mask
+    engine.system_fingerprint += "-sibling-leak"  # new floors too: nothing cached is reused
+    engine.floors = type(engine.floors)(16)
     result["negative_control_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_batch(requests).results), ref)
+    engine.leak_sibling_for_negative_control()
+    result["one_token_leak_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_batch(requests).results), ref)
     del engine
     hf.to(torch.bfloat16)
     result["hf_bf16_vs_hf_fp32"] = diff_stats(reference(hf, items), ref)
