@@ -56,7 +56,7 @@ def print_summary(console: Console, rows: list[dict], spec: dict, results: list[
     scored = [row for row in results if "response" in row]
     query_ids = [query["id"] for query in spec["queries"]]
     console.print(f"\n[bold]{len(results)} rows[/bold]: {len(scored)} scored, {len(results) - len(scored)} errors,"
-                  f" {elapsed:.1f}s ({len(results) / max(elapsed, 1e-9):.1f} rows/s) on {job['model']}")
+                  f" {elapsed:.1f}s ({len(results) / max(elapsed, 1e-9):.3g} rows/s) on {job['model']}")
     usage = job["usage"]
     console.print(f"tokens read: content {usage['content_tokens']}, questions {usage['question_tokens']},"
                   f" options {usage['option_tokens']}; floors computed {usage['floors_computed']},"
