@@ -74,6 +74,7 @@ class Engine:
         self.checkpoint_path = checkpoint.path
         self.system_fingerprint = fingerprint(checkpoint.weights_sha256, dtype, device)
         self.mask_fn = tree_mask
+        self._counted: dict[int, tuple[ScoringRequest, CompiledRequest | RequestError]] = {}
 
     def leak_sibling_for_negative_control(self) -> None:
         """Break the tree mask on purpose (parity's negative control); marks the fingerprint."""
@@ -88,19 +89,26 @@ class Engine:
         return result
 
     def count_tokens(self, request: ScoringRequest) -> int:
-        """Tokens the request's tree adds to a pass (0 when it cannot be compiled)."""
+        """Tokens the request's tree adds to a pass (0 when it cannot be compiled).
+        The compiled request is kept for the `score_batch` call that follows."""
         compiled = self._compile(request)
+        self._counted[id(request)] = (request, compiled)
         if isinstance(compiled, RequestError):
             return 0
         return build_tree(compiled.branches).num_tokens
 
     def score_batch(self, requests: list[ScoringRequest]) -> BatchOutput:
-        compiled = [self._compile(request) for request in requests]
+        compiled = [self._compiled(request) for request in requests]
+        self._counted.clear()
         builder = ResponseBuilder(self, compiled)
         for batch in pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn):
             output = self.runner.run(batch)
             builder.collect(batch, output)
         return builder.finish()
+
+    def _compiled(self, request: ScoringRequest) -> CompiledRequest | RequestError:
+        counted, compiled = self._counted.get(id(request), (None, None))
+        return compiled if counted is request else self._compile(request)
 
     def _compile(self, request: ScoringRequest) -> CompiledRequest | RequestError:
         if request.model not in (None, self.model_name):
