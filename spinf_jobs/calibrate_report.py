@@ -51,8 +51,9 @@ def report_markdown(pack: Pack, fit: PackFit, meta: dict) -> str:
         f" {meta['num_rows']} labelled rows, every one held out once: {fit.held_out}."
         f" Scoring took {meta.get('scoring_seconds', '?')} s on {meta.get('device', 'cpu')}.", "",
         "Each cell is before → after calibration, on held-out rows. ECE: 10 equal-width bins;"
-        " accuracy at 0.5; before = the pack without calibration (categories: the combine rule"
-        " over raw question scores).", "",
+        " accuracy at 0.5; AUC: mean of the per-fold AUCs (rows of one fold share one map);"
+        " before = the pack without calibration (categories: the combine rule over raw question"
+        " scores). The decision table pools all rows.", "",
         "## Categories", "", header,
     ]
     lines += [_row(c, f"{ch.method} ({fit.category_inputs.get(c, 'calibrated')} input)", ch.before, ch.after,

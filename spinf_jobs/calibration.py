@@ -270,8 +270,10 @@ def num_flipped(p_before: np.ndarray, p_after: np.ndarray) -> int:
 # ---- method choice on held-out rows ----------------------------------------------------
 
 CANDIDATE_METHODS = ("temperature", "platt", "isotonic")
-# Out-of-fold predictions come from a different fit per fold, so even a rank-preserving map
-# can move the pooled AUC by a hair; a candidate may lose at most this much AUC.
+# AUC on cross-fitted rows is the mean of the per-fold AUCs (each fold's rows are ranked by
+# one map): pooling rows calibrated by different maps would rank them against each other
+# with different maps, and move even a rank-preserving method's AUC. Isotonic ties can
+# still cost a little; a candidate may lose at most this much.
 AUC_TOLERANCE = 0.002
 
 
@@ -295,6 +297,13 @@ def stratified_folds(y: np.ndarray, num_folds: int, seed: int = 0) -> np.ndarray
         shuffled = rng.permutation(group)
         folds[shuffled] = (np.arange(len(shuffled)) + rng.integers(num_folds)) % num_folds
     return folds
+
+
+def fold_auc(p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> float:
+    """Mean AUC over the folds that hold both classes (nan if none does)."""
+    aucs = [auc(p[folds == f], y[folds == f]) for f in np.unique(folds)]
+    aucs = [a for a in aucs if not np.isnan(a)]
+    return float(np.mean(aucs)) if aucs else float("nan")
 
 
 def cross_fit(method: str, p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> np.ndarray:
@@ -323,9 +332,10 @@ def choose_method(
     is already built from calibrated question scores."""
     p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
     folds = stratified_folds(y, num_folds, seed)
-    before = binary_metrics(p if baseline is None else np.asarray(baseline, dtype=np.float64), y)
+    reference = p if baseline is None else np.asarray(baseline, dtype=np.float64)
+    before = binary_metrics(reference, y) | {"auc": fold_auc(reference, y, folds)}
     held_out = {m: cross_fit(m, p, y, folds) for m in methods}
-    candidates = {m: binary_metrics(q, y) for m, q in held_out.items()}
+    candidates = {m: binary_metrics(q, y) | {"auc": fold_auc(q, y, folds)} for m, q in held_out.items()}
 
     def keeps_quality(m: str) -> bool:
         after = candidates[m]
@@ -340,7 +350,7 @@ def choose_method(
         calibrator=fit(method, p, y),
         held_out_p=chosen_p,
         before=before,
-        after=binary_metrics(chosen_p, y),
+        after=binary_metrics(chosen_p, y) | {"auc": fold_auc(chosen_p, y, folds)},
         candidates=candidates,
         num_flipped=num_flipped(p if baseline is None else baseline, chosen_p),
     )
