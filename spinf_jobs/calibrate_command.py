@@ -51,7 +51,7 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
                         help="fit from this scores.jsonl (rows of --data found in it) without scoring;"
                              " without it, rows already in <report dir>/scores.jsonl are not rescored")
     parser.add_argument("--no-write", action="store_true", help="report only; leave the pack file as it is")
-    parser.set_defaults(func=run_calibrate)
+    parser.set_defaults(handler=run_calibrate)  # spinf_jobs.cli calls args.handler(args)
     return parser
 
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="spinf-jobs")
     add_calibrate_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return args.handler(args)
 
 
 if __name__ == "__main__":
