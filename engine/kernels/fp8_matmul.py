@@ -31,6 +31,14 @@ FP8_TILES = TileConfig(block_m=128, block_n=256, block_k=128, group_m=8, num_war
 class Fp8Weight:
     qweight: torch.Tensor  # [N, K] float8_e4m3fn
     scale: torch.Tensor  # [N] fp32: w ≈ qweight * scale[:, None]
+    _qweight_f32: torch.Tensor | None = None  # CPU emulation: qweight upcast once, not per call
+
+    def qweight_float(self) -> torch.Tensor:
+        if self.qweight.is_cuda:
+            return self.qweight.float()
+        if self._qweight_f32 is None:
+            self._qweight_f32 = self.qweight.float()
+        return self._qweight_f32
 
     @property
     def shape(self) -> torch.Size:
@@ -57,7 +65,7 @@ def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 def fp8_linear_reference(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Quantize-dequantize emulation in fp32 (CPU or GPU): what fp8_linear computes."""
     xq, x_scale = quantize_rows_reference(x)
-    y = (xq.float() @ weight.qweight.float().t()) * x_scale[:, None] * weight.scale[None, :]
+    y = (xq.float() @ weight.qweight_float().t()) * x_scale[:, None] * weight.scale[None, :]
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)

@@ -43,12 +43,3 @@ def test_gpu_matmul_is_batch_invariant(cuda, out_dtype):
     for start, stop in [(0, 1), (0, 7), (0, 64), (5, 133), (1000, 2113), (64, 1088)]:
         assert torch.equal(matmul(x[start:stop], w, out_dtype=out_dtype), full[start:stop]), (start, stop)
     assert torch.equal(ops.linear(x[:64], w, out_dtype=out_dtype), full[:64])
-
-
-@pytest.mark.gpu
-def test_gpu_cublas_is_not_invariant_here_or_is_noted(cuda):
-    """Why the kernel exists: report whether cuBLAS changes a row's bits with M on this GPU."""
-    x, w = fresh((4096, 4096), cuda, seed=11), fresh((4096, 4096), cuda, seed=12, scale=0.02)
-    full = x @ w.t()
-    differs = [m for m in (1, 16, 128, 1024) if not torch.equal((x[:m] @ w.t()), full[:m])]
-    print(f"cuBLAS rows differing alone vs batched for M in {differs}")
