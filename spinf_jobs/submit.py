@@ -50,10 +50,11 @@ def enqueue_chunks(r: Redis, settings: Settings, chunks: list[ChunkPayload], que
 
 
 def _job_data(settings: Settings, func: str, rq_id: str, payload: ChunkPayload | PlanPayload):
-    checked = type(payload).model_validate(payload.model_dump(mode="json"))
+    # only the fields the caller set travel: a default re-sent as if given can change meaning
+    checked = type(payload).model_validate(payload.model_dump(mode="json", exclude_unset=True))
     return Queue.prepare_data(
         func,
-        kwargs={"payload": checked.model_dump(mode="json", exclude_none=True)},
+        kwargs={"payload": checked.model_dump(mode="json", exclude_unset=True)},
         job_id=rq_id,
         timeout=-1,  # the worker's heartbeat, not a wall clock, decides when a job is lost
         result_ttl=settings.result_ttl_s,
