@@ -18,6 +18,7 @@ token, so it costs a few milliseconds per 16k-token pass.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,10 +92,8 @@ def _dense_to_ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def prepare_cuda_attention(meta, device: torch.device | str):
-    """AttentionMetadata with CPU span masks -> the same with `block_mask` set (spans kept)."""
-    from engine.attention import AttentionMetadata
-
-    return AttentionMetadata(spans=meta.spans, block_mask=build_tree_block_masks(meta.spans, torch.device(device)))
+    """AttentionMetadata with CPU span masks -> the same with `block_mask` set (every other field kept)."""
+    return dataclasses.replace(meta, block_mask=build_tree_block_masks(meta.spans, torch.device(device)))
 
 
 def build_tree_block_masks(spans, device: torch.device, bucket: int = BUCKET) -> TreeBlockMasks:
