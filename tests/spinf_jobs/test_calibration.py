@@ -138,3 +138,11 @@ def test_temperature_softmax_keeps_the_argmax_and_matches_the_binary_map():
     assert cal.temperature_softmax(logprobs, 1.0) == pytest.approx([0.6, 0.3, 0.1])
     two = cal.temperature_softmax(np.log([0.8, 0.2]), 2.0)[0]
     assert two == pytest.approx(float(cal.Calibrator("temperature", {"temperature": 2.0}).apply(0.8)))
+
+
+def test_sigmoid_keeps_tiny_probabilities_distinct():
+    z = np.array([-40.0, -39.0, -20.0, -19.0, 0.0, 19.0])
+    p = cal.sigmoid(z)
+    assert np.all(np.diff(p) > 0)
+    assert p[0] == pytest.approx(np.exp(-40.0), rel=1e-9)
+    assert cal.logit(p[2:4]) == pytest.approx(z[2:4], abs=1e-6)  # logit clips below 1e-12 only
