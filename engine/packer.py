@@ -7,6 +7,8 @@ same fixed-shape matmuls wherever it sits (batch invariance). Positions are node
 Each tree's scored rows are padded to a multiple of SCORE_CHUNK for the same reason at the
 LM head. Trees are placed whole, in order; a tree larger than the budget is first split by
 `split_branches` into trees that share the trunk (each re-reads it).
+Extraction slots add, per tree, one more scored row each (the slot's last prompt node, whose
+whole distribution is read) and ask the pass to keep their prompt paths' K/V (KVCapture).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from engine.attention import AttentionMetadata, TreeSpan
 from engine.compiler import Branch
+from engine.kv_cache import KVCapture
 from engine.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.tree import TokenTree, build_tree
 
@@ -31,6 +34,7 @@ class PackedTree:
     tree: TokenTree
     start: int  # first row of the tree in the stream
     score_start: int  # first of its scored rows in `scored_index`
+    slot_start: int = 0  # its first slot in the batch's slots (`slot_index`, the capture)
 
 
 @dataclass(slots=True)
@@ -42,6 +46,7 @@ class PackedBatch:
     scored_index: torch.Tensor  # [S] long rows whose next-token logits are read
     scored_targets: torch.Tensor  # [S] long tokens read there (pads: 0)
     num_real_tokens: int  # tokens that are not padding
+    slot_index: torch.Tensor | None = None  # [R] long: entries of `scored_index` read as whole distributions
 
     @property
     def num_tokens(self) -> int:
@@ -91,16 +96,24 @@ def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None) -> Packed
     scored_targets: list[int] = []
     spans: list[TreeSpan] = []
     trees: list[PackedTree] = []
+    slot_index: list[int] = []
+    capture_rows: list[int] = []
+    capture_lengths: list[int] = []
     for owner, tree in items:
-        start, score_start = len(input_ids), len(scored_index)
+        start, score_start, slot_start = len(input_ids), len(scored_index), len(slot_index)
         num_padded = padded(tree.num_tokens, ROW_CHUNK)
         num_pad = num_padded - tree.num_tokens
         input_ids += tree.token_ids + [PAD_TOKEN_ID] * num_pad
         positions += tree.depths + [0] * num_pad
-        num_scored = len(tree.scored_nodes)
+        num_scored = len(tree.scored_nodes) + len(tree.slot_nodes)
         num_score_pad = padded(num_scored, SCORE_CHUNK) - num_scored
-        scored_index += [start + node for node in tree.scored_nodes] + [start] * num_score_pad
-        scored_targets += tree.scored_targets + [0] * num_score_pad
+        slot_index += range(score_start + len(tree.scored_nodes), score_start + num_scored)
+        scored_index += [start + node for node in tree.scored_nodes + tree.slot_nodes] + [start] * num_score_pad
+        scored_targets += tree.scored_targets + [0] * (len(tree.slot_nodes) + num_score_pad)
+        for node in tree.slot_nodes:
+            path = tree.path_to(node)
+            capture_rows += [start + row for row in path]
+            capture_lengths.append(len(path))
         spans.append(
             TreeSpan(
                 start=start,
@@ -108,28 +121,41 @@ def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None) -> Packed
                 positions=torch.tensor(positions[start:], dtype=torch.long),
             )
         )
-        trees.append(PackedTree(owner, tree, start, score_start))
+        trees.append(PackedTree(owner, tree, start, score_start, slot_start))
+    capture = KVCapture(torch.tensor(capture_rows, dtype=torch.long), capture_lengths) if slot_index else None
     return PackedBatch(
         trees=trees,
         input_ids=torch.tensor(input_ids, dtype=torch.long),
         positions=torch.tensor(positions, dtype=torch.long),
-        attention=AttentionMetadata(spans=spans),
+        attention=AttentionMetadata(spans=spans, capture=capture),
         scored_index=torch.tensor(scored_index, dtype=torch.long),
         scored_targets=torch.tensor(scored_targets, dtype=torch.long),
         num_real_tokens=sum(t.tree.num_tokens for t in trees),
+        slot_index=torch.tensor(slot_index, dtype=torch.long) if slot_index else None,
     )
 
 
 def tree_mask(parents: list[int], num_padded: int) -> np.ndarray:
-    """[n, n] bool: row i sees its ancestors and itself; padding rows see only themselves."""
+    """[n, n] bool: row i sees its ancestors and itself; padding rows see only themselves.
+
+    Nodes come parents first, in chains: a run of nodes each the child of the one before.
+    A chain starting below node p sees what p sees, plus a lower triangle over itself.
+    """
     mask = np.zeros((num_padded, num_padded), dtype=bool)
-    for node, parent in enumerate(parents):
+    num_nodes = len(parents)
+    starts = [i for i in range(num_nodes) if i == 0 or parents[i] != i - 1] + [num_nodes]
+    for start, end in zip(starts, starts[1:]):
+        parent = parents[start]
         if parent >= 0:
-            mask[node, : parent + 1] = mask[parent, : parent + 1]
-        mask[node, node] = True
-    padding = np.arange(len(parents), num_padded)
+            mask[start:end, : parent + 1] = mask[parent, : parent + 1]
+        mask[start:end, start:end] = _lower_triangle(end - start)
+    padding = np.arange(num_nodes, num_padded)
     mask[padding, padding] = True
     return mask
+
+
+def _lower_triangle(size: int) -> np.ndarray:
+    return np.tri(size, dtype=bool)
 
 
 def leaky_tree_mask(parents: list[int], num_padded: int) -> np.ndarray:

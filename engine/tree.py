@@ -26,6 +26,8 @@ class TokenTree:
     scored_targets: list[int]  # [s] the token read there
     scored_branch: list[int]  # [s] branch index (into `branches`)
     scored_option: list[int]  # [s] option index within that branch
+    slot_nodes: list[int]  # last prompt node of each extraction slot: its full distribution is read
+    slot_branch: list[int]  # branch index of each slot node
     num_trunk_tokens: int  # nodes shared by every sequence
     num_question_tokens: int  # other nodes before some branch point
 
@@ -36,6 +38,14 @@ class TokenTree:
     @property
     def num_option_tokens(self) -> int:
         return self.num_tokens - self.num_trunk_tokens - self.num_question_tokens
+
+    def path_to(self, node: int) -> list[int]:
+        """The node's ancestors and itself, root first (a slot's prompt, as tree nodes)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
 
 
 @dataclass(slots=True)
@@ -71,21 +81,27 @@ def build_tree(branches: list[Branch]) -> TokenTree:
     scored_option: list[int] = []
     path: list[int] = []
     previous: list[int] = []
-    is_question: set[int] = set()
+    previous_branch_point = 0
+    across_hint = 0  # shared length between the last two branches: usually the trunk
+    num_trunk = min(b.branch_point for b in branches)  # lowered to the shortest shared prefix
+    is_question: set[int] = set()  # nodes before some branch point
     for branch_index, branch in enumerate(branches):
         for option_index, ids in enumerate(branch.option_ids):
-            builder.extend(path, ids, _common_prefix(previous, ids))
-            previous = ids
-            is_question.update(path[: branch.branch_point])
+            hint = branch.branch_point if option_index else across_hint
+            shared = _common_prefix(previous, ids, hint)
+            if option_index == 0 and branch_index:
+                across_hint = shared
+            if branch_index or option_index:
+                num_trunk = min(num_trunk, shared)
+            builder.extend(path, ids, shared)
+            # path[:min(shared, previous_branch_point)] was marked with the previous sequence
+            is_question.update(path[min(shared, previous_branch_point) : branch.branch_point])
+            previous, previous_branch_point = ids, branch.branch_point
             for position in range(branch.branch_point, len(ids)):
                 scored_nodes.append(path[position - 1])
                 scored_targets.append(ids[position])
                 scored_branch.append(branch_index)
                 scored_option.append(option_index)
-    num_trunk = min(
-        _common_prefix_all([ids for b in branches for ids in b.option_ids]),
-        min(b.branch_point for b in branches),
-    )
     return TokenTree(
         branches=branches,
         token_ids=builder.token_ids,
@@ -95,14 +111,23 @@ def build_tree(branches: list[Branch]) -> TokenTree:
         scored_targets=scored_targets,
         scored_branch=scored_branch,
         scored_option=scored_option,
+        slot_nodes=[],  # extraction slots: filled by the slot compiler (engine/slots.py)
+        slot_branch=[],
         num_trunk_tokens=num_trunk,
         num_question_tokens=len(is_question) - num_trunk,
     )
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix, by bisection on C-speed slice comparisons."""
-    low, high = 0, min(len(a), len(b))
+def _common_prefix(a: list[int], b: list[int], hint: int) -> int:
+    """Length of the common prefix of a and b. `hint` is a guess of it: when the first
+    `hint` tokens agree (one C-speed comparison) only the few tokens after it are walked."""
+    limit = min(len(a), len(b))
+    low = min(hint, limit)
+    if a[:low] == b[:low]:
+        while low < limit and a[low] == b[low]:
+            low += 1
+        return low
+    low, high = 0, low - 1  # the answer is below the hint: bisect
     while low < high:
         middle = (low + high + 1) // 2
         if a[:middle] == b[:middle]:
@@ -110,10 +135,3 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         else:
             high = middle - 1
     return low
-
-
-def _common_prefix_all(sequences: list[list[int]]) -> int:
-    length = len(sequences[0])
-    for sequence in sequences[1:]:
-        length = min(length, _common_prefix(sequences[0][:length], sequence))
-    return length
