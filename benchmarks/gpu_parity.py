@@ -54,7 +54,6 @@ def parity(
 ) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    random_models.use_cuda_block_masks()
     tokenizer = random_models.tokenizer_for(model)
     hf = random_models.make_hf_model(model, torch.float32, num_layers=num_layers, layer_std=layer_std,
                                      logit_std=logit_std)

@@ -129,9 +129,8 @@ def non_embedding_params(hf_model) -> int:
 def make_engine(
     model, tokenizer, served_name: str, weights_id: str, max_num_batched_tokens: int, dtype=torch.bfloat16, device: str = "cuda"
 ):
-    """An `engine.engine.Engine` over an in-memory model: the checkpoint loader is replaced by
-    this model for the duration of the constructor (the lead may add Engine.from_model)."""
-    import engine.engine as engine_module
+    """An `engine.engine.Engine` over an in-memory model (no checkpoint folder)."""
+    from engine.engine import Engine, EngineConfig
     from engine.loader import LoadedCheckpoint
 
     loaded = LoadedCheckpoint(
@@ -140,25 +139,9 @@ def make_engine(
         has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
         add_bos=tokenizer("Hello")["input_ids"] != tokenizer("Hello", add_special_tokens=False)["input_ids"],
     )
-    real_loader = engine_module.load_checkpoint
-    engine_module.load_checkpoint = lambda *args, **kwargs: loaded
-    try:
-        config = engine_module.EngineConfig(
-            model=served_name, device=device, dtype=str(dtype).removeprefix("torch."),
-            max_num_batched_tokens=max_num_batched_tokens,
-        )
-        return engine_module.Engine(config)
-    finally:
-        engine_module.load_checkpoint = real_loader
+    config = EngineConfig(
+        model=served_name, device=device, dtype=str(dtype).removeprefix("torch."), max_num_batched_tokens=max_num_batched_tokens
+    )
+    return Engine(config, checkpoint=loaded)
 
 
-def use_cuda_block_masks() -> None:
-    """Route the runner's CUDA passes through the flex BlockMask path (the lead wires this
-    into ModelRunner.prepare_attention; until then the benchmark installs it here)."""
-    from engine.attention_cuda import prepare_cuda_attention
-    from engine.runner import ModelRunner
-
-    def prepare_attention(self, meta):
-        return meta if self.device.type == "cpu" else prepare_cuda_attention(meta, self.device)
-
-    ModelRunner.prepare_attention = prepare_attention

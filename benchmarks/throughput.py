@@ -185,7 +185,6 @@ def main() -> None:
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     torch.backends.cuda.matmul.allow_tf32 = False
-    random_models.use_cuda_block_masks()
 
     result = {"commit": args.commit or git_commit(), "gpu": torch.cuda.get_device_name(), "model": args.model,
               "workload": args.workload, "date": datetime.date.today().isoformat(), "repeats": args.repeats,

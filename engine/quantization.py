@@ -38,3 +38,14 @@ def quantize_linears_fp8(model: torch.nn.Module) -> torch.nn.Module:
 @torch.no_grad()
 def quantize_linears_int8(model: torch.nn.Module) -> torch.nn.Module:
     return _swap(model, quantize_weight_int8)
+
+
+QUANTIZATION_RECIPES = {"none": "none", "fp8": FP8_RECIPE, "int8": INT8_RECIPE}
+_QUANTIZERS = {"fp8": quantize_linears_fp8, "int8": quantize_linears_int8}
+
+
+def quantize(model: torch.nn.Module, quantization: str) -> torch.nn.Module:
+    """The model with its decoder projections quantized by `quantization` ("none" keeps it)."""
+    if quantization not in QUANTIZATION_RECIPES:
+        raise ValueError(f"unknown quantization {quantization!r}; one of {sorted(QUANTIZATION_RECIPES)}")
+    return model if quantization == "none" else _QUANTIZERS[quantization](model)

@@ -44,7 +44,6 @@ def test_gpu_scores_alone_vs_packed_are_bit_identical():
 
     from spinf_jobs.protocol import ScoringRequest
 
-    random_models.use_cuda_block_masks()
     hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=6)
     engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
                                        "gemma-3-12b", "invariance", 16384)
