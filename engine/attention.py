@@ -8,6 +8,9 @@ crosses spans. On CPU each span runs its own SDPA with a boolean mask, so a cont
 attention has the same shapes whatever it is packed with (batch invariance). On CUDA
 `engine.attention_cuda.prepare_cuda_attention` turns the same masks into a flex_attention
 block mask (`meta.block_mask`), and `tree_attention` runs the compiled flex kernel.
+Extraction slots (engine/kv_cache.py) use the same seam: on a packed pass `meta.capture`
+keeps the slots' prompt K/V per layer; on a decoding pass `meta.decode` replaces the spans
+(new rows attend to the kept K/V). Both are why every layer passes its `layer_index`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class TreeSpan:
 class AttentionMetadata:
     spans: list[TreeSpan]  # one per tree, in stream order, covering the whole stream
     block_mask: object | None = None  # flex_attention BlockMask on CUDA, None on CPU
+    capture: object | None = None  # kv_cache.KVCapture: keep the slots' prompt K/V (packed pass)
+    decode: object | None = None  # kv_cache.DecodeMetadata: a decoding pass over kept K/V
 
 
 def span_mask(span: TreeSpan, sliding_window: int | None) -> torch.Tensor:
@@ -50,7 +55,14 @@ def tree_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    layer_index: int = 0,
 ) -> torch.Tensor:  # [T, Hq, d]
+    if meta.capture is not None:
+        meta.capture.save(layer_index, k, v)
+    if meta.decode is not None:
+        from engine.kv_cache import decode_attention
+
+        return decode_attention(q, k, v, meta.decode, layer_index, scale, sliding_window)
     if meta.block_mask is not None:
         from engine.attention_cuda import flex_tree_attention  # imports flex_attention lazily
 
@@ -59,12 +71,12 @@ def tree_attention(
     for span in meta.spans:
         rows = slice(span.start, span.start + span.num_tokens)
         mask = span_mask(span, sliding_window)
-        out[rows] = _sdpa(q[rows], k[rows], v[rows], mask, scale)
+        out[rows] = sdpa(q[rows], k[rows], v[rows], mask, scale)
     return out
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [n, Hq, d], k/v: [n, Hkv, d], mask: [n, n] -> [n, Hq, d]."""
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [n, Hq, d], k/v: [m, Hkv, d], mask: [n, m] -> [n, Hq, d]."""
     num_groups = q.shape[1] // k.shape[1]
     if num_groups > 1:
         k = k.repeat_interleave(num_groups, dim=1)

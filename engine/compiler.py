@@ -9,6 +9,9 @@ The branch point is the longest common token prefix of the prompt and every
 prompt + option; an option's logprob covers its tokens from there on.
 Floors (the same question with user contents emptied) are branches too, keyed so that
 identical floors are computed once (engine/floors.py caches them).
+An extraction slot ({*} {n} {$}) is a branch with one sequence, its prompt, and no scored
+token: the read keeps its K/V and its next-token distribution, and decoding starts there
+(engine/extraction.py). Slots get no floor.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.prompts import PromptError, PromptRenderer
+from engine.slots import SlotSpec, slot_spec
 from engine.tokenize import Tokenize
 from spinf_jobs.protocol import Query, ScoringRequest
-from spinf_jobs.templates import expand_grid, parse_template
+from spinf_jobs.templates import OPTION_SLOT, expand_grid, parse_template
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +45,8 @@ class Branch:
     prompt_text: str  # prefix + filled template (the text before the options)
     option_ids: list[list[int]]  # whole-string tokens of prompt + option, per option
     branch_point: int  # tokens shared by the prompt and every prompt + option
-    floor_key: FloorKey | None  # None for a floor branch itself
+    floor_key: FloorKey | None  # None for a floor branch itself, and for a slot
+    slot: SlotSpec | None = None  # an extraction slot: option_ids holds only the prompt
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -65,11 +70,15 @@ def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize:
         return prefixes[answer_in, is_floor]
 
     floor_keys: dict[FloorKey, None] = {}
+    queries = request.scoring.queries
     pending: dict[str, list[tuple[int, int, dict[str, str], str, list[str], FloorKey]]] = {}
     for query_index, query in enumerate(request.scoring.queries):
+        slot = slot_spec(query) if query.slot != OPTION_SLOT else None
         for combination_index, values, filled in _combinations(query):
-            floor_key = FloorKey(prefix(query.answer_in, True), query.answer_in, filled, tuple(query.options))
-            floor_keys[floor_key] = None
+            floor_key = None
+            if slot is None:
+                floor_key = FloorKey(prefix(query.answer_in, True), query.answer_in, filled, tuple(query.options))
+                floor_keys[floor_key] = None
             item = (query_index, combination_index, values, filled, query.options, floor_key)
             pending.setdefault(query.answer_in, []).append(item)
     branches: list[Branch] = []
@@ -79,9 +88,12 @@ def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize:
         token_ids = iter(tokenize.continuations(content, suffixes))
         for q, c, values, filled, options, key in items:
             ids = [next(token_ids) for _ in range(len(options) + 1)]
-            branches.append(make_branch(q, c, values, content + filled, ids, key))
+            if key is None:
+                branches.append(slot_branch(q, c, values, content + filled, ids[0], slot_spec(queries[q])))
+            else:
+                branches.append(make_branch(q, c, values, content + filled, ids, key))
     branches.sort(key=lambda b: (b.query_index, b.combination_index))
-    max_num_tokens = max(len(ids) for b in branches for ids in b.option_ids)
+    max_num_tokens = max(len(ids) + (b.slot.max_tokens if b.slot else 0) for b in branches for ids in b.option_ids)
     return CompiledRequest(request, branches, max_num_tokens, list(floor_keys))
 
 
@@ -108,6 +120,15 @@ def make_branch(
             "no token precedes the options: give the template some text before {?}",
         )
     return Branch(query_index, combination_index, values, prompt, option_ids, branch_point, floor_key)
+
+
+def slot_branch(
+    query_index: int, combination_index: int, values: dict[str, str], prompt: str, prompt_ids: list[int], slot: SlotSpec
+) -> Branch:
+    """An extraction slot: its prompt is read like a question; decoding continues after it."""
+    if not prompt_ids:
+        raise PromptError("scoring.queries.template", "no token precedes the slot: give the template some text")
+    return Branch(query_index, combination_index, values, prompt, [prompt_ids], len(prompt_ids), None, slot)
 
 
 def _combinations(query: Query):

@@ -4,7 +4,9 @@
         --pack_trees--> PackedBatch --runner.run--> RunnerOutput --scorer--> ScoringResponse
 
 The loop itself is three lines (see `score_batch`): pack, run, collect. Everything around
-it is bookkeeping: which tree answers which request, which floors are cached.
+it is bookkeeping: which tree answers which request, which floors are cached. Extraction
+slots are read in the same passes (their prompt K/V kept), then decoded together in later
+passes over that K/V (engine/extraction.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import orjson
 import torch
 
 from engine.compiler import CompiledRequest, FloorKey, compile_floor, compile_request
+from engine.decoder import BeamDecoder
+from engine.extraction import Extraction
 from engine.tokenize import Tokenize
 from engine.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
 from engine.loader import load_checkpoint
@@ -26,6 +30,7 @@ from engine.prompts import PromptError, PromptRenderer
 from engine.responses import ResponseBuilder
 from engine.runner import ModelRunner
 from engine.tree import build_tree
+from engine.slots import SlotVocab
 from spinf_jobs.protocol import ScoringRequest, ScoringResponse
 
 ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
@@ -81,6 +86,8 @@ class Engine:
         self.mask_fn = leaky_tree_mask
         self.system_fingerprint += "-leaky"
 
+        self.beam = BeamDecoder()  # mode "extract"; parity's negative control swaps in a greedy one
+        self._slot_vocab: SlotVocab | None = None
     def score(self, request: ScoringRequest) -> ScoringResponse:
         """One request; raises PromptError (with .field) when it cannot be served."""
         [result] = self.score_batch([request]).results
@@ -108,11 +115,22 @@ class Engine:
 
     def _compiled(self, request: ScoringRequest) -> CompiledRequest | RequestError:
         counted, compiled = self._counted.get(id(request), (None, None))
+        extraction = Extraction(self.slot_vocab, self.beam)
         return compiled if counted is request else self._compile(request)
 
     def _compile(self, request: ScoringRequest) -> CompiledRequest | RequestError:
+            extraction.collect(batch, output)
+        extraction.run(self.runner, self.config.max_num_batched_tokens)
+        builder.collect_slots(extraction.jobs)
         if request.model not in (None, self.model_name):
             return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
+    def slot_vocab(self) -> SlotVocab:
+        """The tokenizer as extraction slots see it (built on the first slot: ~5 s for 150k tokens)."""
+        if self._slot_vocab is None:
+            vocab_size = self.runner.model.lm_head_weight.shape[0]
+            self._slot_vocab = SlotVocab.build(self.tokenizer, vocab_size)
+        return self._slot_vocab
+
         try:
             compiled = compile_request(request, self.renderer, self.tokenize)
         except PromptError as error:
@@ -124,6 +142,12 @@ class Engine:
                 f" this model reads at most {self.max_context_tokens}: shorten the content",
             )
         return compiled
+        for branch in compiled.branches:
+            if branch.slot is not None:
+                try:
+                    self.slot_vocab().check_serves(branch.slot.kind)
+                except PromptError as error:
+                    return RequestError(error.field, str(error))
 
     def _trees(self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder):
         budget = self.config.max_num_batched_tokens

@@ -2,6 +2,7 @@
 
     (PackedBatch, RunnerOutput)* --collect--> logprobs per (request, query, combination)
         + floors (cache) --finish--> BatchOutput(results, pass_ids)
+    decoded SlotJobs (engine/extraction.py) --collect_slots--> answers per (request, query, combination)
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from engine.compiler import Branch, CompiledRequest, FloorKey
+from engine.decoder import answers
 from engine.packer import PackedBatch
 from engine.runner import RunnerOutput
 from engine.scorer import normalise, option_logprobs, residual
@@ -20,6 +22,7 @@ from spinf_jobs.protocol import (
     OptionScore,
     QueryResult,
     ScoringResponse,
+    SlotAnswer,
     Usage,
 )
 
@@ -36,6 +39,7 @@ class ResponseBuilder:
         self.usage = [Usage() for _ in compiled]
         self._floor_first_user: dict[FloorKey, int] = {}
         self.floor_p: dict[FloorKey, tuple[float, ...]] = {}  # held here: the cache may evict
+        self.slot_answers: dict[tuple[int, int, int], tuple[list[SlotAnswer], float]] = {}
         for index, request in enumerate(compiled):
             if isinstance(request, CompiledRequest):
                 for key in request.floor_keys:
@@ -72,6 +76,17 @@ class ResponseBuilder:
             for branch, branch_sums in zip(tree.branches, sums, strict=True):
                 self.logprobs[index, branch.query_index, branch.combination_index] = branch_sums
 
+    def collect_slots(self, jobs) -> None:
+        """Answers and residual of every decoded slot; its decoding passes count for its request."""
+        for job in jobs:
+            listed, residual = answers(job.state)
+            self.slot_answers[job.request_index, job.query_index, job.combination_index] = (
+                [SlotAnswer(text=a.text, value=a.value, p=a.p, finish_reason=a.finish_reason) for a in listed],
+                residual,
+            )
+            self.usage[job.request_index].slot_tokens += job.num_decoded_tokens
+            self.pass_ids[job.request_index].update(job.pass_ids)
+
     def finish(self):
         from engine.engine import BatchOutput
 
@@ -85,8 +100,12 @@ class ResponseBuilder:
         request = compiled.request
         results = [QueryResult(id=query.id, combinations=[]) for query in request.scoring.queries]
         for branch in compiled.branches:
-            logprobs = self.logprobs[index, branch.query_index, branch.combination_index]
-            results[branch.query_index].combinations.append(self._combination(branch, logprobs, request.debug))
+            key = (index, branch.query_index, branch.combination_index)
+            if branch.slot is not None:
+                combination = self._slot_combination(branch, *self.slot_answers[key], request.debug)
+            else:
+                combination = self._combination(branch, self.logprobs[key], request.debug)
+            results[branch.query_index].combinations.append(combination)
         return ScoringResponse(
             id=response_id(self.engine.system_fingerprint, request.model_dump_json()),
             model=self.engine.model_name,
@@ -109,6 +128,13 @@ class ResponseBuilder:
             residual=residual(logprobs),
             debug=self._debug(branch, query_options) if debug else None,
         )
+
+    def _slot_combination(
+        self, branch: Branch, slot_answers: list[SlotAnswer], residual: float, debug: bool
+    ) -> Combination:
+        debug_info = CombinationDebug(rendered=branch.prompt_text, branch_point=branch.branch_point, options=[])
+        return Combination(values=branch.values, answers=slot_answers, residual=residual,
+                           debug=debug_info if debug else None)
 
     def _debug(self, branch: Branch, texts: list[str]) -> CombinationDebug:
         tokenizer = self.engine.tokenizer

@@ -5,15 +5,20 @@
 
 The LM head runs only at the scored rows (inside the model). Log-softmax runs on fixed
 SCORE_CHUNK-row blocks so a row's value does not depend on how many rows the pass has.
+A pass with extraction slots also returns their whole next-token distributions and the K/V
+of their prompts (kept for decoding); `decode` runs a decoding pass over that K/V:
+
+    DecodeBatch (engine/extraction.py) --model--> logits [S, V] --log-softmax--> [S, V]
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.attention import AttentionMetadata, TreeSpan
+from engine.kv_cache import SlotKV
 from engine.ops import SCORE_CHUNK
 from engine.packer import PackedBatch
 
@@ -22,6 +27,8 @@ from engine.packer import PackedBatch
 class RunnerOutput:
     pass_id: int  # engine-global counter of forward passes
     target_logprobs: torch.Tensor  # [S] float32 on CPU: log P(target token | row)
+    slot_logprobs: torch.Tensor | None = None  # [R, V] float32 on CPU: next-token log-probs per slot
+    slot_kv: list[SlotKV] = field(default_factory=list)  # [R] each slot's prompt K/V (on the device)
 
 
 class ModelRunner:
@@ -32,15 +39,33 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: PackedBatch) -> RunnerOutput:
+        attention = self.prepare_attention(batch.attention)
+        attention.capture = batch.attention.capture  # whatever prepare built, slots keep their K/V
         logits = self.model(
             batch.input_ids.to(self.device),
             batch.positions.to(self.device),
-            self.prepare_attention(batch.attention),
+            attention,
             batch.scored_index.to(self.device),
         )  # [S, V] float32
         target_logprobs = gather_logprobs(logits, batch.scored_targets.to(self.device))
         self.num_passes += 1
-        return RunnerOutput(pass_id=self.num_passes, target_logprobs=target_logprobs.cpu())
+        output = RunnerOutput(pass_id=self.num_passes, target_logprobs=target_logprobs.cpu())
+        if batch.slot_index is not None:
+            output.slot_logprobs = chunked_log_softmax(logits[batch.slot_index.to(self.device)]).cpu()
+            output.slot_kv = batch.attention.capture.split()
+        return output
+
+    @torch.inference_mode()
+    def decode(self, batch) -> torch.Tensor:
+        """One decoding pass (engine/extraction.DecodeBatch) -> [S, V] float32 log-probs on CPU."""
+        logits = self.model(
+            batch.input_ids.to(self.device),
+            batch.positions.to(self.device),
+            AttentionMetadata(spans=[], decode=batch.decode),
+            batch.scored_index.to(self.device),
+        )  # [S, V] float32
+        self.num_passes += 1
+        return chunked_log_softmax(logits).cpu()
 
     def prepare_attention(self, meta: AttentionMetadata) -> AttentionMetadata:
         if self.device.type == "cpu":
@@ -56,4 +81,14 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
         rows = slice(start, start + SCORE_CHUNK)
         logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
         out[rows] = logprobs.gather(1, targets[rows, None])[:, 0]
+    return out
+
+
+def chunked_log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """[S, V] -> [S, V] float32 log-softmax on SCORE_CHUNK-row blocks (a row's value never
+    depends on how many rows the pass has)."""
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], SCORE_CHUNK):
+        rows = slice(start, start + SCORE_CHUNK)
+        out[rows] = torch.log_softmax(logits[rows].float(), dim=-1)
     return out

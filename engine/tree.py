@@ -79,6 +79,8 @@ def build_tree(branches: list[Branch]) -> TokenTree:
     scored_targets: list[int] = []
     scored_branch: list[int] = []
     scored_option: list[int] = []
+    slot_nodes: list[int] = []
+    slot_branch: list[int] = []
     path: list[int] = []
     previous: list[int] = []
     previous_branch_point = 0
@@ -102,6 +104,9 @@ def build_tree(branches: list[Branch]) -> TokenTree:
                 scored_targets.append(ids[position])
                 scored_branch.append(branch_index)
                 scored_option.append(option_index)
+        if branch.slot is not None:  # its one sequence is the prompt: decoding starts after its last node
+            slot_nodes.append(path[-1])
+            slot_branch.append(branch_index)
     return TokenTree(
         branches=branches,
         token_ids=builder.token_ids,
@@ -111,8 +116,8 @@ def build_tree(branches: list[Branch]) -> TokenTree:
         scored_targets=scored_targets,
         scored_branch=scored_branch,
         scored_option=scored_option,
-        slot_nodes=[],  # extraction slots: filled by the slot compiler (engine/slots.py)
-        slot_branch=[],
+        slot_nodes=slot_nodes,
+        slot_branch=slot_branch,
         num_trunk_tokens=num_trunk,
         num_question_tokens=len(is_question) - num_trunk,
     )

@@ -2,22 +2,29 @@
 
     ScoringRequest --(engine: compile, pack, run, score)--> ScoringResponse
 
-One request is one content (its `messages`) and the questions asked about it. The same
-response object is the body of `/v1/score`, the `scoring` field of a chat completion and
+One request is one content (its `messages`) and the questions asked about it: option
+queries (`{?}`, scored over the caller's options) and extraction slots (`{*}` `{n}` `{$}`,
+decoded from the same read; docs/extraction.md). The same response object is the body of `/v1/score`, the `scoring` field of a chat completion and
 the `response` of a job result row. docs/scoring-api.md defines every field.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from spinf_jobs.templates import EXTRACTION_SLOTS, OPTION_SLOT, TemplateError, parse_template
+from spinf_jobs.templates import EXTRACTION_SLOTS, OPTION_SLOT, TEXT_SLOT, TemplateError, parse_template
 
 MIN_NUM_OPTIONS = 2
 MAX_NUM_OPTIONS = 255
 MAX_NUM_COMBINATIONS = 4096  # per query: a grid larger than this is almost surely a mistake
+DEFAULT_BEAM_WIDTH = 5  # extraction: hypotheses kept per step, and answers returned
+MAX_BEAM_WIDTH = 32
+DEFAULT_EXTRACT_MAX_TOKENS = 16  # extraction answers are short: a name, a month, a number
+DEFAULT_GENERATE_MAX_TOKENS = 64
+MAX_SLOT_TOKENS = 512
+SLOT_FIELDS = ("mode", "beam_width", "max_tokens", "seed", "temperature")  # extraction-only fields
 
 
 class _Strict(BaseModel):
@@ -37,6 +44,23 @@ class Query(_Strict):
     # "user": the template continues the final message; "assistant": the user turn is
     # closed and an assistant turn opened before the template.
     answer_in: Literal["user", "assistant"] = "user"
+    # Extraction slots only ({*} {n} {$}; docs/extraction.md):
+    # "extract": a beam over the most likely answers; "generate": one free text ({*} only).
+    mode: Literal["extract", "generate"] = "extract"
+    beam_width: int = Field(default=DEFAULT_BEAM_WIDTH, ge=1, le=MAX_BEAM_WIDTH)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_SLOT_TOKENS)  # None: the mode's default
+    seed: int | None = None  # generate: None decodes greedily, a seed samples (reproducibly)
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)  # generate with a seed only
+
+    @property
+    def slot(self) -> str:
+        return parse_template(self.template).slot
+
+    @property
+    def num_max_tokens(self) -> int:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return DEFAULT_GENERATE_MAX_TOKENS if self.mode == "generate" else DEFAULT_EXTRACT_MAX_TOKENS
 
     @model_validator(mode="after")
     def _check(self) -> Query:
@@ -45,12 +69,12 @@ class Query(_Strict):
         except TemplateError as error:
             raise ValueError(f"template: {error}") from None
         if parsed.slot in EXTRACTION_SLOTS:
-            raise ValueError(
-                f"template: the extraction slot {{{parsed.slot}}} is not served yet;"
-                " use {?} with options"
-            )
+            _check_slot(self, parsed.slot, parsed.tail)
         if parsed.slot == OPTION_SLOT:
             _check_options(self.options)
+            given = [name for name in SLOT_FIELDS if name in self.model_fields_set]
+            if given:
+                raise ValueError(f"{given[0]}: only extraction slots ({{*}} {{n}} {{$}}) take it, not {{?}}")
         names = parsed.placeholder_names
         missing = [n for n in names if n not in self.values]
         if missing:
@@ -68,6 +92,25 @@ class Query(_Strict):
                 f"values: the grid has {num_combinations} combinations, more than {MAX_NUM_COMBINATIONS}"
             )
         return self
+
+
+def _check_slot(query: Query, slot: str, tail: str) -> None:
+    if query.options:
+        raise ValueError(f"options: the extraction slot {{{slot}}} takes no options; use {{?}} to score options")
+    if query.mode == "generate":
+        if slot != TEXT_SLOT:
+            raise ValueError(f"mode: 'generate' writes free text, so it needs the {{*}} slot, not {{{slot}}}")
+        if "beam_width" in query.model_fields_set:
+            raise ValueError("beam_width: mode 'generate' writes one text; beam_width is for mode 'extract'")
+        return
+    if slot == TEXT_SLOT and not tail:
+        raise ValueError(
+            "template: the text slot {*} needs closing text after it, which ends the answer"
+            ' (e.g. \'A: "{*}"\': the closing quote); or use mode \'generate\''
+        )
+    for name in ("seed", "temperature"):
+        if name in query.model_fields_set:
+            raise ValueError(f"{name}: only mode 'generate' samples; mode 'extract' is a beam search")
 
 
 def _check_options(options: list[str]) -> None:
@@ -124,10 +167,20 @@ class CombinationDebug(BaseModel):
     options: list[OptionDebug]
 
 
+class SlotAnswer(BaseModel):
+    text: str  # as the model wrote it, up to the slot's closing text (the likeliest path's text)
+    value: str | int | float | dict[str, Any] | None  # {*}: text; {n}: number; {$}: {amount, currency}
+    p: float  # model probability of the answer: product of its token probabilities, summed over paths
+    finish_reason: Literal["stop", "length"] | None = None  # mode "generate" only
+
+
 class Combination(BaseModel):
     values: dict[str, str]
-    options: list[OptionScore]
-    residual: float  # max(0, 1 - sum of exp(logprob)): mass outside the options
+    options: list[OptionScore] = Field(default_factory=list)  # option queries ({?})
+    answers: list[SlotAnswer] | None = None  # extraction slots, sorted by p (None for {?})
+    # {?}: max(0, 1 - sum of exp(logprob)): mass outside the options.
+    # slots: max(0, 1 - sum of the answers' p): mass on continuations not listed.
+    residual: float
     debug: CombinationDebug | None = None
 
 
@@ -143,6 +196,7 @@ class Usage(BaseModel):
     floor_tokens: int = 0  # tokens read to compute floors that were not cached
     floors_cached: int = 0  # floors served from the cache
     floors_computed: int = 0  # floors computed for this request
+    slot_tokens: int = 0  # tokens decoded for extraction slots (rows of the passes after the read)
 
 
 class ScoringResponse(BaseModel):

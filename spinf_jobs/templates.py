@@ -4,8 +4,9 @@
         -> ParsedTemplate(pieces=["\\n\\nDoes the message mention ", Placeholder("brand"), "?"],
                           slot="?")
 
-A template has exactly one slot. The option slot `{?}` must end the template. The
-extraction slots `{*}` `{n}` `{$}` are known to the schema but not served yet.
+A template has exactly one slot. The option slot `{?}` must end the template. An
+extraction slot (`{*}` text, `{n}` number, `{$}` money) may be followed by text: for `{*}`
+that text (the `tail`, e.g. the closing `"` of `A: "{*}"`) is what ends the answer.
 Pure Python: no torch, used by the HTTP layer and the engine alike.
 """
 
@@ -16,7 +17,10 @@ import re
 from dataclasses import dataclass
 
 OPTION_SLOT = "?"
-EXTRACTION_SLOTS = ("*", "n", "$")
+TEXT_SLOT = "*"  # free text, ended by the template text after the slot
+NUMBER_SLOT = "n"  # a number, parsed
+MONEY_SLOT = "$"  # an amount and its currency, parsed
+EXTRACTION_SLOTS = (TEXT_SLOT, NUMBER_SLOT, MONEY_SLOT)
 ALL_SLOTS = (OPTION_SLOT, *EXTRACTION_SLOTS)
 
 _TOKEN_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
@@ -36,7 +40,7 @@ class Placeholder:
 class ParsedTemplate:
     pieces: tuple[str | Placeholder, ...]  # text before the slot, literal braces already unescaped
     slot: str  # one of ALL_SLOTS
-    tail: str  # text after the slot ("" for the option slot)
+    tail: str  # text after the slot ("" for the option slot); ends a {*} answer
 
     @property
     def placeholder_names(self) -> tuple[str, ...]:

@@ -43,6 +43,7 @@ class Gemma3Attention(nn.Module):
         self.head_dim = head_dim_of(config)
         self.scale = config.query_pre_attn_scalar**-0.5
         self.sliding_window = sliding_window
+        self.layer_index = 0  # set by the backbone; tree_attention keys kept K/V by it
         bias = bool(getattr(config, "attention_bias", False))
         hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = Linear(hidden, q_dim, bias=bias)
@@ -60,7 +61,7 @@ class Gemma3Attention(nn.Module):
         cos, sin = rope  # [T, 1, d]
         q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin, GEMMA_NORM_OFFSET)
         k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin, GEMMA_NORM_OFFSET)
-        out = tree_attention(q, k, v, attn, self.scale, self.sliding_window)  # [T, Hq, d]
+        out = tree_attention(q, k, v, attn, self.scale, self.sliding_window, self.layer_index)  # [T, Hq, d]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, D]
 
 
@@ -99,6 +100,8 @@ class Gemma3Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(config, t) for t in layer_types_of(config))
+        for index, layer in enumerate(self.layers):  # the kept K/V of extraction slots are per layer
+            layer.self_attn.layer_index = index
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, GEMMA_NORM_OFFSET)
 
 

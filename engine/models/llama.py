@@ -63,6 +63,7 @@ class Attention(nn.Module):
         self.head_dim = head_dim_of(config)
         self.scale = self.head_dim**-0.5
         self.sliding_window = sliding_window
+        self.layer_index = 0  # set by the backbone; tree_attention keys kept K/V by it
         hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = Linear(hidden, q_dim, bias=flags.qkv_bias)
         self.k_proj = Linear(hidden, kv_dim, bias=flags.qkv_bias)
@@ -85,7 +86,7 @@ class Attention(nn.Module):
             k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = tree_attention(q, k, v, attn, self.scale, self.sliding_window)  # [T, Hq, d]
+        out = tree_attention(q, k, v, attn, self.scale, self.sliding_window, self.layer_index)  # [T, Hq, d]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, D]
 
 
@@ -121,6 +122,8 @@ class LlamaBackbone(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, flags, t) for t in layer_types_of(config))
+        for index, layer in enumerate(self.layers):  # the kept K/V of extraction slots are per layer
+            layer.self_attn.layer_index = index
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 

@@ -1,0 +1,132 @@
+"""Decode the extraction slots after the read: batched passes over the kept K/V.
+
+    packed pass (RunnerOutput.slot_logprobs, .slot_kv) --Extraction.collect--> SlotJob per slot,
+        first decoder step already taken from the read's distribution
+    live SlotJobs --prepare_decode_batch--> DecodeBatch (one span per slot: its live
+        hypotheses' last tokens) --runner.decode--> [S, V] --decoder.step--> next hypotheses
+    finished SlotJobs --decoder.answers--> answers, residual (engine/responses.py)
+
+Every step serves all live slots of all requests together, in as few passes as the token
+budget allows. A slot's rows start at a multiple of SCORE_CHUNK and attend only to its own
+K/V, so its answers do not depend on what else is decoded beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.decoder import BeamDecoder, DecodeState, GenerateDecoder, decoder_for, start_state
+from engine.kv_cache import DecodeMetadata, DecodeSpan, SlotKV, decode_mask
+from engine.ops import ROW_CHUNK, SCORE_CHUNK
+from engine.packer import PAD_TOKEN_ID, PackedBatch, padded
+from engine.runner import RunnerOutput
+from engine.slots import SlotSpec, SlotVocab
+
+
+@dataclass(slots=True)
+class SlotJob:
+    """One slot of one (request, query, combination) being decoded."""
+
+    request_index: int
+    query_index: int
+    combination_index: int
+    spec: SlotSpec
+    num_prompt_tokens: int  # the first answer token sits at this position
+    kv: SlotKV
+    state: DecodeState
+    decoder: BeamDecoder | GenerateDecoder
+    num_decoded_tokens: int = 0  # rows this slot added to decoding passes (usage.slot_tokens)
+    pass_ids: set[int] = field(default_factory=set)  # the decoding passes that served it
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    jobs: list[SlotJob]
+    input_ids: torch.Tensor  # [T] long, T a multiple of ROW_CHUNK: each live hypothesis's last token
+    positions: torch.Tensor  # [T] long
+    decode: DecodeMetadata  # one span per job
+    scored_index: torch.Tensor  # [S] long: every span row (S a multiple of SCORE_CHUNK)
+
+
+@dataclass(slots=True)
+class Extraction:
+    vocab_fn: object  # () -> SlotVocab, built on first use (it decodes the whole vocabulary)
+    beam: BeamDecoder  # the mode-"extract" decoder (parity swaps in a greedy one as its control)
+    jobs: list[SlotJob] = field(default_factory=list)
+
+    def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
+        """Start a job for every slot read in this pass; take its first step from the read."""
+        for packed in batch.trees:
+            request_index = packed.owner.request_index
+            for offset, branch_index in enumerate(packed.tree.slot_branch):
+                slot = packed.slot_start + offset
+                branch = packed.tree.branches[branch_index]
+                state = start_state(branch.slot)
+                job = SlotJob(request_index, branch.query_index, branch.combination_index, branch.slot,
+                              branch.branch_point, output.slot_kv[slot], state, decoder_for(branch.slot, self.beam))
+                job.decoder.step(state, output.slot_logprobs[slot : slot + 1], self.vocab_fn())
+                self.jobs.append(job)
+
+    def run(self, runner, max_num_rows: int) -> None:
+        """Decoding passes until every slot is finished."""
+        vocab = self.vocab_fn() if self.jobs else None
+        while True:
+            live = [job for job in self.jobs if not job.state.is_done]
+            if not live:
+                return
+            for group in _groups(live, max_num_rows):
+                batch = prepare_decode_batch(group)
+                logprobs = runner.decode(batch)
+                for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
+                    job.pass_ids.add(runner.num_passes)
+                    _advance(job, span, logprobs[span.start : span.start + span.num_real], vocab)
+
+
+def _advance(job: SlotJob, span: DecodeSpan, logprobs: torch.Tensor, vocab: SlotVocab) -> None:
+    """The pass appended the new rows' K/V; record them, then let the decoder choose."""
+    first_row = job.kv.num_rows
+    job.kv.positions = torch.cat((job.kv.positions, span.positions[: span.num_real]))
+    for row, hyp in enumerate(job.state.live):
+        hyp.rows.append(first_row + row)
+    job.num_decoded_tokens += span.num_real
+    job.decoder.step(job.state, logprobs, vocab)
+
+
+def _groups(jobs: list[SlotJob], max_num_rows: int) -> list[list[SlotJob]]:
+    groups: list[list[SlotJob]] = [[]]
+    used = 0
+    for job in jobs:
+        size = padded(len(job.state.live), SCORE_CHUNK)
+        if groups[-1] and padded(used + size, ROW_CHUNK) > max_num_rows:
+            groups.append([])
+            used = 0
+        groups[-1].append(job)
+        used += size
+    return groups
+
+
+def prepare_decode_batch(jobs: list[SlotJob]) -> DecodeBatch:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    spans: list[DecodeSpan] = []
+    for job in jobs:
+        live = job.state.live
+        start, num_rows = len(input_ids), padded(len(live), SCORE_CHUNK)
+        num_pad = num_rows - len(live)
+        new_positions = [job.num_prompt_tokens + len(hyp.ids) - 1 for hyp in live] + [0] * num_pad
+        input_ids += [hyp.ids[-1] for hyp in live] + [PAD_TOKEN_ID] * num_pad
+        positions += new_positions
+        new = torch.tensor(new_positions, dtype=torch.long)
+        mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
+        spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, torch.cat((job.kv.positions, new)), new))
+    num_scored = len(input_ids)
+    num_pad = padded(num_scored, ROW_CHUNK) - num_scored
+    return DecodeBatch(
+        jobs=jobs,
+        input_ids=torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
+        positions=torch.tensor(positions + [0] * num_pad, dtype=torch.long),
+        decode=DecodeMetadata(spans),
+        scored_index=torch.arange(num_scored),
+    )
