@@ -150,7 +150,10 @@ def score_rows(pack: Pack, rows: list[dict], *, model: str | None, batch_size: i
     if todo:
         engine = Engine(EngineConfig(model=model, device="cpu") if model else EngineConfig(device="cpu"))
         if meta and meta["system_fingerprint"] != engine.system_fingerprint:
-            raise RuntimeError(f"{scores_path} was scored by {meta['model']}; move it away to rescore")
+            raise RuntimeError(
+                f"{scores_path} was scored by {meta['model']} with fingerprint {meta['system_fingerprint']};"
+                f" this engine is {engine.system_fingerprint}: refit with --scores {scores_path}, or move it"
+                " away to rescore every row")
         meta = meta or {"model": engine.model_name, "system_fingerprint": engine.system_fingerprint,
                         "device": "cpu", "scoring_seconds": 0.0, "num_content_tokens": 0}
         if not scores_path.exists():
