@@ -22,18 +22,21 @@ from engine.decoder import BeamDecoder
 from engine.extraction import Extraction
 from engine.tokenize import Tokenize
 from engine.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
-from engine.loader import load_checkpoint
+from engine.loader import LoadedCheckpoint, load_checkpoint
+from engine.quantization import QUANTIZATION_RECIPES, quantize
 from engine.model_registry import DEFAULT_MODEL
 from engine.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.packer import DEFAULT_MAX_NUM_BATCHED_TOKENS, leaky_tree_mask, pack_trees, split_branches, tree_mask
 from engine.prompts import PromptError, PromptRenderer
 from engine.responses import ResponseBuilder
 from engine.runner import ModelRunner
-from engine.tree import build_tree
 from engine.slots import SlotVocab
+from engine.tree import build_tree
 from spinf_jobs.protocol import ScoringRequest, ScoringResponse
 
 ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
+# the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
+CUDA_KERNELS = "triton-invariant-v1+flex64"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,7 @@ class EngineConfig:
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # tokens per forward pass
     floor_cache_size: int = DEFAULT_FLOOR_CACHE_SIZE
+    quantization: str = "none"  # "none" | "fp8" (Hopper) | "int8" (weights only); see quantizations/
 
 
 @dataclass(slots=True)
@@ -64,11 +68,14 @@ class _TreeOwner:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, config: EngineConfig = EngineConfig(), checkpoint: LoadedCheckpoint | None = None) -> None:
+        """Loads `config.model`, or serves an already loaded `checkpoint` (benchmarks, tests)."""
         self.config = config
         device = torch.device(_resolve_device(config.device))
         dtype = _resolve_dtype(config.dtype, device)
-        checkpoint = load_checkpoint(config.model, dtype=dtype, device=str(device))
+        if checkpoint is None:
+            checkpoint = load_checkpoint(config.model, dtype=dtype, device=str(device))
+        checkpoint.model = quantize(checkpoint.model, config.quantization)
         self.model_name = checkpoint.served_name
         self.max_context_tokens = checkpoint.max_context_tokens
         self.tokenizer = checkpoint.tokenizer
@@ -77,8 +84,10 @@ class Engine:
         self.runner = ModelRunner(checkpoint.model, device)
         self.floors = FloorCache(config.floor_cache_size)
         self.checkpoint_path = checkpoint.path
-        self.system_fingerprint = fingerprint(checkpoint.weights_sha256, dtype, device)
+        self.system_fingerprint = fingerprint(checkpoint.weights_sha256, dtype, device, config.quantization)
         self.mask_fn = tree_mask
+        self.beam = BeamDecoder()  # mode "extract"; parity's negative control swaps in a greedy one
+        self._slot_vocab: SlotVocab | None = None
         self._counted: dict[int, tuple[ScoringRequest, CompiledRequest | RequestError]] = {}
 
     def leak_sibling_for_negative_control(self) -> None:
@@ -86,8 +95,6 @@ class Engine:
         self.mask_fn = leaky_tree_mask
         self.system_fingerprint += "-leaky"
 
-        self.beam = BeamDecoder()  # mode "extract"; parity's negative control swaps in a greedy one
-        self._slot_vocab: SlotVocab | None = None
     def score(self, request: ScoringRequest) -> ScoringResponse:
         """One request; raises PromptError (with .field) when it cannot be served."""
         [result] = self.score_batch([request]).results
@@ -108,22 +115,15 @@ class Engine:
         compiled = [self._compiled(request) for request in requests]
         self._counted.clear()
         builder = ResponseBuilder(self, compiled)
+        extraction = Extraction(self.slot_vocab, self.beam)
         for batch in pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn):
             output = self.runner.run(batch)
             builder.collect(batch, output)
-        return builder.finish()
-
-    def _compiled(self, request: ScoringRequest) -> CompiledRequest | RequestError:
-        counted, compiled = self._counted.get(id(request), (None, None))
-        extraction = Extraction(self.slot_vocab, self.beam)
-        return compiled if counted is request else self._compile(request)
-
-    def _compile(self, request: ScoringRequest) -> CompiledRequest | RequestError:
             extraction.collect(batch, output)
         extraction.run(self.runner, self.config.max_num_batched_tokens)
         builder.collect_slots(extraction.jobs)
-        if request.model not in (None, self.model_name):
-            return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
+        return builder.finish()
+
     def slot_vocab(self) -> SlotVocab:
         """The tokenizer as extraction slots see it (built on the first slot: ~5 s for 150k tokens)."""
         if self._slot_vocab is None:
@@ -131,10 +131,23 @@ class Engine:
             self._slot_vocab = SlotVocab.build(self.tokenizer, vocab_size)
         return self._slot_vocab
 
+    def _compiled(self, request: ScoringRequest) -> CompiledRequest | RequestError:
+        counted, compiled = self._counted.get(id(request), (None, None))
+        return compiled if counted is request else self._compile(request)
+
+    def _compile(self, request: ScoringRequest) -> CompiledRequest | RequestError:
+        if request.model not in (None, self.model_name):
+            return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
         try:
             compiled = compile_request(request, self.renderer, self.tokenize)
         except PromptError as error:
             return RequestError(error.field, str(error))
+        for branch in compiled.branches:
+            if branch.slot is not None:
+                try:
+                    self.slot_vocab().check_serves(branch.slot.kind)
+                except PromptError as error:
+                    return RequestError(error.field, str(error))
         if compiled.max_num_tokens > self.max_context_tokens:
             return RequestError(
                 "messages",
@@ -142,12 +155,6 @@ class Engine:
                 f" this model reads at most {self.max_context_tokens}: shorten the content",
             )
         return compiled
-        for branch in compiled.branches:
-            if branch.slot is not None:
-                try:
-                    self.slot_vocab().check_serves(branch.slot.kind)
-                except PromptError as error:
-                    return RequestError(error.field, str(error))
 
     def _trees(self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder):
         budget = self.config.max_num_batched_tokens
@@ -160,12 +167,14 @@ class Engine:
             yield _TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
 
 
-def fingerprint(weights_sha256: str, dtype: torch.dtype, device: torch.device) -> str:
+def fingerprint(weights_sha256: str, dtype: torch.dtype, device: torch.device, quantization: str = "none") -> str:
     """Changes when anything that can move a score changes, and only then."""
     numerics = {
         "weights": weights_sha256,
         "dtype": str(dtype),
         "device": device.type,
+        "quantization": QUANTIZATION_RECIPES[quantization],
+        "kernels": CUDA_KERNELS if device.type == "cuda" else "torch-cpu",
         "engine": ENGINE_VERSION,
         "row_chunk": ROW_CHUNK,
         "score_chunk": SCORE_CHUNK,

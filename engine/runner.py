@@ -68,10 +68,12 @@ class ModelRunner:
         return chunked_log_softmax(logits).cpu()
 
     def prepare_attention(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """CPU: the span masks as they are. CUDA: a flex_attention block mask built from them."""
         if self.device.type == "cpu":
             return meta
-        spans = [TreeSpan(s.start, s.mask.to(self.device), s.positions.to(self.device)) for s in meta.spans]
-        return AttentionMetadata(spans=spans, block_mask=meta.block_mask)
+        from engine.attention_cuda import prepare_cuda_attention
+
+        return prepare_cuda_attention(meta, self.device)
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
