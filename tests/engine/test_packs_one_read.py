@@ -19,7 +19,7 @@ def test_pack_and_own_queries_share_one_read_of_the_content(tiny_engine):
     batch = engine.score_batch([merged_request])
     merged = batch.results[0]
     pack_only = engine.score(ScoringRequest.model_validate(
-        {**REQUEST, "scoring": {"queries": [q.model_dump() for q in expand_pack(pack)]}}))
+        {**REQUEST, "scoring": {"queries": [q.model_dump(exclude_unset=True) for q in expand_pack(pack)]}}))
     # read once: the merged tree holds the content's tokens once, so it is as large as the
     # two separate trees less one copy of their shared trunk (which holds the content)
     num_content = len(engine.tokenizer(REQUEST["messages"][0]["content"])["input_ids"])
