@@ -116,8 +116,8 @@ class Engine:
         self._counted.clear()
         builder = ResponseBuilder(self, compiled)
         extraction = Extraction(self.slot_vocab, self.beam)
-        for batch in pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn):
-            output = self.runner.run(batch)
+        batches = pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn)
+        for batch, output in self.runner.run_all(batches):
             builder.collect(batch, output)
             extraction.collect(batch, output)
         extraction.run(self.runner, self.config.max_num_batched_tokens)

@@ -13,6 +13,7 @@ whole distribution is read) and ask the pass to keep their prompt paths' K/V (KV
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,18 +75,20 @@ def split_branches(branches: list[Branch], max_num_tokens: int) -> list[list[Bra
     return groups
 
 
-def pack_trees(items, max_num_tokens: int, mask_fn=None) -> list[PackedBatch]:
-    """Greedy in order: a tree that does not fit the current pass opens the next one."""
-    batches: list[list[tuple[object, TokenTree]]] = [[]]
+def pack_trees(items: Iterable[tuple[object, TokenTree]], max_num_tokens: int, mask_fn=None) -> Iterator[PackedBatch]:
+    """Greedy in order: a tree that does not fit the current pass opens the next one.
+    Lazy: a batch is prepared when it is full, so packing overlaps the pass before it."""
+    group: list[tuple[object, TokenTree]] = []
     used = 0
     for owner, tree in items:
         size = padded(tree.num_tokens, ROW_CHUNK)
-        if batches[-1] and used + size > max_num_tokens:
-            batches.append([])
-            used = 0
-        batches[-1].append((owner, tree))
+        if group and used + size > max_num_tokens:
+            yield prepare_batch(group, mask_fn or tree_mask)
+            group, used = [], 0
+        group.append((owner, tree))
         used += size
-    return [prepare_batch(group, mask_fn or tree_mask) for group in batches if group]
+    if group:
+        yield prepare_batch(group, mask_fn or tree_mask)
 
 
 def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None) -> PackedBatch:

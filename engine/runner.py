@@ -13,6 +13,7 @@ of their prompts (kept for decoding); `decode` runs a decoding pass over that K/
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -31,14 +32,57 @@ class RunnerOutput:
     slot_kv: list[SlotKV] = field(default_factory=list)  # [R] each slot's prompt K/V (on the device)
 
 
+@dataclass(slots=True)
+class _Launched:
+    output: RunnerOutput  # host tensors that fill in when `done` fires
+    done: object | None  # a CUDA event recorded after the copies (None on CPU)
+
+    def wait(self) -> RunnerOutput:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.output
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A non-blocking copy into pinned host memory on CUDA (read it after the pass's event)."""
+    if tensor.device.type == "cpu":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+
+
+def _record_event(device: torch.device):
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.model = model
         self.device = device
         self.num_passes = 0
 
-    @torch.inference_mode()
+    def run_all(self, batches: Iterable[PackedBatch]) -> Iterator[tuple[PackedBatch, RunnerOutput]]:
+        """The passes in order. The next batch is packed on the CPU (the iterator's work) while
+        the GPU runs the pass in flight; a pass's outputs are read once the next is launched."""
+        in_flight: tuple[PackedBatch, _Launched] | None = None
+        for batch in batches:
+            launched = (batch, self.launch(batch))
+            if in_flight is not None:
+                yield in_flight[0], in_flight[1].wait()
+            in_flight = launched
+        if in_flight is not None:
+            yield in_flight[0], in_flight[1].wait()
+
     def run(self, batch: PackedBatch) -> RunnerOutput:
+        return self.launch(batch).wait()
+
+    @torch.inference_mode()
+    def launch(self, batch: PackedBatch) -> _Launched:
+        """Queue one pass on the device; its outputs start copying to the host when it ends."""
         attention = self.prepare_attention(batch.attention)
         attention.capture = batch.attention.capture  # whatever prepare built, slots keep their K/V
         logits = self.model(
@@ -47,13 +91,16 @@ class ModelRunner:
             attention,
             batch.scored_index.to(self.device),
         )  # [S, V] float32
-        target_logprobs = gather_logprobs(logits, batch.scored_targets.to(self.device))
         self.num_passes += 1
-        output = RunnerOutput(pass_id=self.num_passes, target_logprobs=target_logprobs.cpu())
+        target_logprobs = gather_logprobs(logits, batch.scored_targets.to(self.device))
+        slot_logprobs = None
         if batch.slot_index is not None:
-            output.slot_logprobs = chunked_log_softmax(logits[batch.slot_index.to(self.device)]).cpu()
+            slot_logprobs = _to_host(chunked_log_softmax(logits[batch.slot_index.to(self.device)]))
+        output = RunnerOutput(pass_id=self.num_passes, target_logprobs=_to_host(target_logprobs))
+        output.slot_logprobs = slot_logprobs
+        if batch.slot_index is not None:
             output.slot_kv = batch.attention.capture.split()
-        return output
+        return _Launched(output, _record_event(self.device))
 
     @torch.inference_mode()
     def decode(self, batch) -> torch.Tensor:

@@ -49,8 +49,8 @@ def test_gpu_scores_alone_vs_packed_are_bit_identical():
                                        "gemma-3-12b", "invariance", 16384)
     requests = [ScoringRequest.model_validate(r) for r in load_workload("news").requests(engine.model_name, 24, 20)]
     passes = []
-    run = engine.runner.run
-    engine.runner.run = lambda batch: passes.append(len(batch.trees)) or run(batch)
+    launch = engine.runner.launch
+    engine.runner.launch = lambda batch: passes.append(len(batch.trees)) or launch(batch)
     packed = engine.score_batch(requests).results
     assert max(passes) >= 10, passes  # contents really shared passes
     for index in (0, 5, 23):
