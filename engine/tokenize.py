@@ -182,7 +182,7 @@ def _component(part) -> dict | None:
 
 def _lead_ids(tokenizer, post: dict | None) -> tuple[int, ...] | None:
     """Special tokens the post-processor puts before a single text; None if it appends any."""
-    if post is None:
+    if post is None or post == {**post, "type": "ByteLevel", "trim_offsets": False}:  # Qwen3: offsets kept
         lead: tuple[int, ...] = ()
     elif post.get("type") == "TemplateProcessing":
         *specials, last = post["single"]
