@@ -123,8 +123,8 @@ def machine() -> dict:
     import tokenizers
     import transformers
 
-    return {"platform": platform.platform(), "cpu": cpu, "num_cpus": os.cpu_count(), "python": platform.python_version(),
-            "tokenizers": tokenizers.__version__, "transformers": transformers.__version__,
+    return {"platform": platform.platform(), "cpu": cpu, "num_cpus": os.cpu_count(),
+            "python": platform.python_version(), "tokenizers": tokenizers.__version__, "transformers": transformers.__version__,
             "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM")}
 
 
