@@ -2,6 +2,8 @@
 
     client --HTTP--> AdmissionMiddleware (413/429) --> route (auth: bearer key)
         --> spinf_jobs.submit (Redis + RQ) ... workers score ... --> job record / results
+    prompt packs: loaded once here (official packs/ + settings.packs_dirs) to list them and
+    to refuse an unknown pack at submit time; the workers' engines apply them
 
 Never imports torch: the API only validates, enqueues, waits and reads results.
 """
@@ -15,7 +17,8 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.metrics import make_metrics
 from api.middleware import AdmissionMiddleware
-from api.routes import chat, health, jobs, models, score
+from api.routes import chat, decide, health, jobs, models, packs, score
+from spinf_jobs.packs import PackRegistry
 from spinf_jobs.s3 import make_client
 from spinf_jobs.settings import Settings, get_settings
 
@@ -31,7 +34,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.s3 = make_client(settings)
     app.state.keys_by_hash = {key.sha256.lower(): key for key in settings.api_keys}
     app.state.metrics = make_metrics(app.state.redis, settings)
-    for module in (health, models, score, chat, jobs):
+    app.state.packs = PackRegistry.load(settings.packs_dirs)  # a malformed pack file fails here, named
+    for module in (health, models, score, chat, jobs, packs, decide):
         app.include_router(module.router)
     install_error_handlers(app)
     app.add_middleware(

@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 from redis import Redis
 
 from api.errors import ApiError
+from spinf_jobs.packs import PackRegistry
 from spinf_jobs.settings import ApiKey, Settings
 
 
@@ -21,6 +22,10 @@ def get_app_settings(request: Request) -> Settings:
 
 def get_redis(request: Request) -> Redis:
     return request.app.state.redis
+
+
+def get_packs(request: Request) -> PackRegistry:
+    return request.app.state.packs
 
 
 def get_s3(request: Request):
@@ -43,3 +48,4 @@ SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 S3Dep = Annotated[object, Depends(get_s3)]
 KeyDep = Annotated[ApiKey, Depends(require_key)]
+PacksDep = Annotated[PackRegistry, Depends(get_packs)]

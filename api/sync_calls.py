@@ -1,7 +1,7 @@
 """Synchronous scoring through the priority queue: submit one row, wait for it to settle.
 
-    ScoringRequest -> sync job (1 row, priority queue) -> BLPOP done key (deadline)
-      -> the row's response | 422 naming the engine's field | 504 with the job id
+    ScoringRequest -> packs known? (422 naming the pack) -> sync job (1 row, priority queue)
+      -> BLPOP done key (deadline) -> the row's response | 422 naming the engine's field | 504 with the job id
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from api.errors import ApiError
 from api.served import resolve_model
 from spinf_jobs import jobstore, queues
 from spinf_jobs.payloads import JobItem
+from spinf_jobs.packs import PackRegistry, UnknownPackError
 from spinf_jobs.protocol import ScoringRequest
 from spinf_jobs.settings import ApiKey
 from spinf_jobs.submit import submit_inline
@@ -25,10 +26,11 @@ async def score_sync(request: Request, key: ApiKey, body: ScoringRequest) -> dic
     state = request.app.state
     settings = state.settings
     started = time.perf_counter()
+    check_packs(state.packs, body)
     model = await asyncio.to_thread(resolve_model, state.redis, settings, body.model)
     item = JobItem(custom_id="0", messages=body.messages)
     job_id = await asyncio.to_thread(
-        submit_inline, state.redis, settings, key.name, model, body.scoring, [item], body.debug, True
+        submit_inline, state.redis, settings, key.name, model, body.scoring, [item], body.debug, True, None, body.packs
     )
     settled = await state.aredis.blpop([queues.done_key(job_id)], timeout=settings.sync_timeout_s)
     if settled is None:
@@ -44,3 +46,13 @@ async def score_sync(request: Request, key: ApiKey, body: ScoringRequest) -> dic
         error = row["error"]
         raise ApiError(422, error["message"], param=error.get("field"), job_id=job_id)
     return row["response"]
+
+
+def check_packs(registry: PackRegistry, body: ScoringRequest) -> None:
+    """422 naming the first pack this service has not loaded (before anything is queued)."""
+    for index, ref in enumerate(body.packs):
+        try:
+            registry.get(ref.id)
+        except UnknownPackError as error:
+            field = f"packs[{index}].id"
+            raise ApiError(422, f"{field}: {error.message}", param=field) from None

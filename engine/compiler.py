@@ -59,6 +59,7 @@ class CompiledRequest:
     branches: list[Branch]
     max_num_tokens: int  # the longest whole sequence (for the model's context limit)
     floor_keys: list[FloorKey] = field(default_factory=list)  # distinct, in first-use order
+    packs: list = field(default_factory=list)  # the named packs (spinf_jobs Pack), whose queries `request` holds
 
 
 def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize) -> CompiledRequest:

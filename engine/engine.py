@@ -3,6 +3,10 @@
     ScoringRequest --compile--> CompiledRequest --build_tree--> TokenTree (+ floor trees)
         --pack_trees--> PackedBatch --runner.run--> RunnerOutput --scorer--> ScoringResponse
 
+A request naming prompt packs is expanded before compiling (engine/pack_requests.py): the
+packs' questions become queries of the same tree, and the response splits them back out
+into `packs` (questions, categories, decisions).
+
 The loop itself is three lines (see `score_batch`): pack, run, collect. Everything around
 it is bookkeeping: which tree answers which request, which floors are cached. Extraction
 slots are read in the same passes (their prompt K/V kept), then decoded together in later
@@ -26,12 +30,14 @@ from engine.loader import LoadedCheckpoint, load_checkpoint
 from engine.quantization import QUANTIZATION_RECIPES, quantize
 from engine.model_registry import DEFAULT_MODEL
 from engine.ops import ROW_CHUNK, SCORE_CHUNK
+from engine.pack_requests import PackRequestError, expand_request
 from engine.packer import DEFAULT_MAX_NUM_BATCHED_TOKENS, leaky_tree_mask, pack_trees, split_branches, tree_mask
 from engine.prompts import PromptError, PromptRenderer
 from engine.responses import ResponseBuilder
 from engine.runner import ModelRunner
 from engine.slots import SlotVocab
 from engine.tree import build_tree
+from spinf_jobs.packs import PackRegistry
 from spinf_jobs.protocol import ScoringRequest, ScoringResponse
 
 ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
@@ -47,6 +53,7 @@ class EngineConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # tokens per forward pass
     floor_cache_size: int = DEFAULT_FLOOR_CACHE_SIZE
     quantization: str = "none"  # "none" | "fp8" (Hopper) | "int8" (weights only); see quantizations/
+    pack_dirs: tuple[str, ...] = ()  # prompt-pack folders loaded on top of the official packs/
 
 
 @dataclass(slots=True)
@@ -88,6 +95,7 @@ class Engine:
         self.mask_fn = tree_mask
         self.beam = BeamDecoder()  # mode "extract"; parity's negative control swaps in a greedy one
         self._slot_vocab: SlotVocab | None = None
+        self._packs: PackRegistry | None = None
         self._counted: dict[int, tuple[ScoringRequest, CompiledRequest | RequestError]] = {}
 
     def leak_sibling_for_negative_control(self) -> None:
@@ -131,6 +139,13 @@ class Engine:
             self._slot_vocab = SlotVocab.build(self.tokenizer, vocab_size)
         return self._slot_vocab
 
+    @property
+    def packs(self) -> PackRegistry:
+        """The official packs plus `config.pack_dirs` (loaded on first use; a bad file raises)."""
+        if self._packs is None:
+            self._packs = PackRegistry.load(list(self.config.pack_dirs))
+        return self._packs
+
     def _compiled(self, request: ScoringRequest) -> CompiledRequest | RequestError:
         counted, compiled = self._counted.get(id(request), (None, None))
         return compiled if counted is request else self._compile(request)
@@ -139,9 +154,11 @@ class Engine:
         if request.model not in (None, self.model_name):
             return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
         try:
-            compiled = compile_request(request, self.renderer, self.tokenize)
-        except PromptError as error:
+            expanded, packs = expand_request(request, self.packs)
+            compiled = compile_request(expanded, self.renderer, self.tokenize)
+        except (PromptError, PackRequestError) as error:
             return RequestError(error.field, str(error))
+        compiled.packs = packs
         for branch in compiled.branches:
             if branch.slot is not None:
                 try:

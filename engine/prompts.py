@@ -6,7 +6,8 @@ With a chat template the final message is left open ("user": the question contin
 user's text) or the user turn is closed and an assistant turn opened ("assistant").
 Contents are swapped for unique sentinels before the template runs and put back after, so
 the template never sees (and never trims or closes) a content, and an emptied content for
-the floor leaves the turn open exactly like a real one. Without a chat template the
+the floor leaves the turn open exactly like a real one. A message's `floor_content` (set
+by a pack presentation) is what its floor renders: the frame stays, the content goes. Without a chat template the
 contents are joined by blank lines.
 """
 
@@ -65,4 +66,10 @@ class PromptRenderer:
 
 
 def _content(message: Message, is_floor: bool) -> str:
-    return "" if is_floor and message.role == "user" else message.content
+    """The text put back in place of the message's sentinel. A floor renders the message's
+    `floor_content` (a pack's frame without its content), else empties user messages."""
+    if not is_floor:
+        return message.content
+    if message.floor_content is not None:
+        return message.floor_content
+    return "" if message.role == "user" else message.content

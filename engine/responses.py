@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from engine.compiler import Branch, CompiledRequest, FloorKey
 from engine.decoder import answers
+from engine.pack_requests import split_response
 from engine.packer import PackedBatch
 from engine.runner import RunnerOutput
 from engine.scorer import normalise, option_logprobs, residual
@@ -106,12 +107,14 @@ class ResponseBuilder:
             else:
                 combination = self._combination(branch, self.logprobs[key], request.debug)
             results[branch.query_index].combinations.append(combination)
+        own, packs = split_response(results, compiled.packs)
         return ScoringResponse(
             id=response_id(self.engine.system_fingerprint, request.model_dump_json()),
             model=self.engine.model_name,
             system_fingerprint=self.engine.system_fingerprint,
-            results=results,
+            results=own,
             usage=self.usage[index],
+            packs=packs,
         )
 
     def _combination(self, branch: Branch, logprobs: list[float], debug: bool) -> Combination:

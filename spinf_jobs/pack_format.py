@@ -40,8 +40,19 @@ class Presentation(_Strict):
         return self
 
     def messages(self, content: str) -> list[Message]:
-        user = Message(role="user", content=self.template.replace(CONTENT_MARKER, content))
+        user = Message(role="user", content=self.template.replace(CONTENT_MARKER, content),
+                       floor_content=self.empty)
         return ([Message(role="system", content=self.system)] if self.system else []) + [user]
+
+    @property
+    def empty(self) -> str:
+        """The presentation with no content: what a floor reads instead of the user message."""
+        return self.template.replace(CONTENT_MARKER, "")
+
+    def is_presenting(self, text: str) -> bool:
+        """Whether `text` is this presentation around some content."""
+        head, _, tail = self.template.partition(CONTENT_MARKER)
+        return len(text) >= len(head) + len(tail) and text.startswith(head) and text.endswith(tail)
 
 
 class Choice(_Strict):

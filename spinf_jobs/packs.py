@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from spinf_jobs.calibration import Calibrator
 from spinf_jobs.orderings import Ordering, combine_orderings, expand_orderings
 from spinf_jobs.pack_format import Calibration, Category, Decision, Pack, PackCalibration, PackQuestion
-from spinf_jobs.protocol import Query, QueryResult, ScoringRequest, ScoringSpec
+from spinf_jobs.protocol import Message, Query, QueryResult, ScoringRequest, ScoringSpec
 
 OFFICIAL_PACKS_DIR = Path(__file__).resolve().parents[1] / "packs"
 PACK_SUFFIXES = (".yaml", ".yml", ".json")
@@ -258,9 +258,27 @@ def apply_pack(pack: Pack, results: list[QueryResult]) -> dict[str, Any]:
 def with_packs(request: ScoringRequest, packs: list[Pack]) -> ScoringRequest:
     """The request with every pack's queries appended after its own: the engine reads the
     content once and answers all of them as branches. The request's messages are the
-    content as given (a pack's presentation applies when a pack runs on bare text)."""
+    content as given (a pack's presentation applies when a pack runs on bare text); when
+    the last user message is a named pack's presentation around the content, its floor
+    keeps that frame (`floor_content`) so a floor empties only the content.
+    Raises ValueError when a pack's query id collides with one of the request's."""
     queries = list(request.scoring.queries) + [q for pack in packs for q in expand_pack(pack)]
-    return request.model_copy(update={"scoring": ScoringSpec(queries=queries)})
+    messages = with_floor_frame(request.messages, packs)
+    spec = ScoringSpec.model_validate({"queries": queries})  # ValidationError (a ValueError) on a clash
+    return request.model_copy(update={"scoring": spec, "messages": messages})
+
+
+def with_floor_frame(messages: list[Message], packs: list[Pack]) -> list[Message]:
+    """The messages with the last user message's floor set to the first matching pack's
+    presentation (a floor the caller set is kept)."""
+    last = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    if last is None or messages[last].floor_content is not None:
+        return list(messages)
+    presentation = next((p.presentation for p in packs if p.presentation.is_presenting(messages[last].content)), None)
+    if presentation is None:
+        return list(messages)
+    framed = messages[last].model_copy(update={"floor_content": presentation.empty})
+    return [*messages[:last], framed, *messages[last + 1 :]]
 
 
 def split_pack_results(results: list[QueryResult], packs: list[Pack]) -> tuple[list[QueryResult], list[dict[str, Any]]]:

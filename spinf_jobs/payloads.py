@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from spinf_jobs.protocol import Message, ScoringRequest, ScoringSpec, Usage
+from spinf_jobs.protocol import Message, PackRef, ScoringRequest, ScoringSpec, Usage
 from spinf_jobs.s3 import parse_s3_uri
 
 
@@ -51,8 +51,8 @@ class JobItem(_Strict):
     def to_messages(self) -> list[Message]:
         return self.messages if self.messages is not None else [Message(role="user", content=self.text)]
 
-    def to_request(self, scoring: ScoringSpec, debug: bool) -> ScoringRequest:
-        return ScoringRequest(messages=self.to_messages(), scoring=scoring, debug=debug)
+    def to_request(self, scoring: ScoringSpec, debug: bool, packs: list[PackRef] = ()) -> ScoringRequest:
+        return ScoringRequest(messages=self.to_messages(), scoring=scoring, packs=list(packs), debug=debug)
 
 
 class S3Location(_Strict):
@@ -83,6 +83,8 @@ class JobCreate(_Strict):
             raise ValueError("output: an S3 `input` needs an S3 `output` prefix")
         if self.items is not None and self.output is not None:
             raise ValueError("output: inline jobs keep their results in the service; drop `output`")
+        if not self.scoring.queries:  # (packs are named per request: /v1/score)
+            raise ValueError("scoring.queries: give at least one query")
         return self
 
 
@@ -102,6 +104,7 @@ class ChunkPayload(_Strict):
     chunk_index: int = Field(ge=0)
     model: str
     scoring: ScoringSpec
+    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
     debug: bool = False
     items: list[JobItem] | None = None  # inline rows
     source: ByteRange | None = None  # dataset rows

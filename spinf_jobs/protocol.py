@@ -34,6 +34,10 @@ class _Strict(BaseModel):
 class Message(_Strict):
     role: Literal["system", "user", "assistant"]
     content: str
+    # what the engine renders for this message when it computes floors (None: "" for a user
+    # message, the content itself otherwise); a pack presentation keeps its frame here, e.g.
+    # "Customer support message:\n", so a floor empties only the content inside it
+    floor_content: str | None = None
 
 
 class Query(_Strict):
@@ -126,7 +130,8 @@ def _check_options(options: list[str]) -> None:
 
 
 class ScoringSpec(_Strict):
-    queries: list[Query] = Field(min_length=1)
+    # may be empty only in a request that names packs (ScoringRequest checks it)
+    queries: list[Query] = Field(default_factory=list)
 
     @field_validator("queries")
     @classmethod
@@ -138,11 +143,27 @@ class ScoringSpec(_Strict):
         return queries
 
 
+class PackRef(_Strict):
+    id: str = Field(min_length=1, max_length=200)  # a loaded pack, e.g. "spinf/moderation" (GET /v1/packs)
+
+
 class ScoringRequest(_Strict):
     model: str | None = None  # None: the server's default model
     messages: list[Message] = Field(min_length=1)
-    scoring: ScoringSpec
+    scoring: ScoringSpec = Field(default_factory=ScoringSpec)
+    # prompt packs answered from the same read as `scoring.queries` (docs/prompt-packs.md)
+    packs: list[PackRef] = Field(default_factory=list)
     debug: bool = False  # adds rendered text and token ids per combination
+
+    @model_validator(mode="after")
+    def _something_to_ask(self) -> ScoringRequest:
+        if not self.scoring.queries and not self.packs:
+            raise ValueError("scoring.queries: give at least one query, or name a pack in `packs`")
+        ids = [p.id for p in self.packs]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"packs: pack(s) {duplicates} named more than once")
+        return self
 
 
 # ---- response --------------------------------------------------------------------------
@@ -199,10 +220,35 @@ class Usage(BaseModel):
     slot_tokens: int = 0  # tokens decoded for extraction slots (rows of the passes after the read)
 
 
+class PackQuestionResult(BaseModel):
+    p: float | None = None  # summed p of the positive answers (None: a lettered question without any)
+    calibrated_p: float | None = None  # the pack's fitted map applied to p; None where not fitted
+    floor_p: float | None = None  # the same sum over the options' floor_p
+    options: dict[str, float] | None = None  # plain question: p per option text
+    choices: dict[str, float] | None = None  # lettered question: order-averaged p per choice id
+    combined: dict[str, Any] | None = None  # lettered: probabilities, top, agreement, spread, orderings
+
+
+class PackCategoryResult(BaseModel):
+    score: float  # the category's combine over its members' raw scores
+    calibrated_score: float | None = None  # the fitted category map; None where not fitted
+
+
+class PackResult(BaseModel):
+    """One named pack applied to the content (spinf_jobs.packs.apply_pack)."""
+
+    pack: str
+    version: str
+    questions: dict[str, PackQuestionResult]
+    categories: dict[str, PackCategoryResult]
+    decisions: dict[str, str]  # decision id -> label (on calibrated category scores where fitted)
+
+
 class ScoringResponse(BaseModel):
     id: str
     object: Literal["scoring.result"] = "scoring.result"
     model: str
     system_fingerprint: str
-    results: list[QueryResult]
-    usage: Usage
+    results: list[QueryResult]  # the request's own queries, in order (a pack's are under `packs`)
+    usage: Usage  # the whole read: own queries and every pack's together
+    packs: list[PackResult] | None = None  # one per named pack, in the request's order

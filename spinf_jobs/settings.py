@@ -42,6 +42,12 @@ class Settings(BaseSettings):
 
     api_keys: list[ApiKey] = Field(default_factory=list)
 
+    # prompt packs: folders loaded on top of the official packs/ (`--packs DIR`, repeatable)
+    packs_dirs: list[Path] = Field(default_factory=list)
+    # decision workloads: name -> fitted temperature (None: known, not fitted); /v1/decide's
+    # `workload` names one and gets a `calibrated` block when it has a temperature
+    workloads: dict[str, float | None] = Field(default_factory=dict)
+
     # limits and backpressure
     max_queue: int = 100_000  # queued rows past which POSTs get 429
     retry_after_s: int = 5  # Retry-After sent with a 429

@@ -19,7 +19,7 @@ from rq.job import JobStatus as RqStatus
 
 from spinf_jobs import jobstore, queues
 from spinf_jobs.payloads import ChunkPayload, JobItem, JobStatus, PlanPayload
-from spinf_jobs.protocol import ScoringSpec
+from spinf_jobs.protocol import PackRef, ScoringSpec
 from spinf_jobs.settings import Settings
 
 
@@ -74,6 +74,7 @@ def submit_inline(
     debug: bool = False,
     is_sync: bool = False,
     job_id: str | None = None,
+    packs: list[PackRef] = (),
 ) -> str:
     """One job of inline rows; sync jobs (/v1/score, chat) go to the priority queue."""
     job_id = job_id or new_job_id()
@@ -84,6 +85,7 @@ def submit_inline(
             chunk_index=index,
             model=model,
             scoring=scoring,
+            **({"packs": list(packs)} if packs else {}),  # unset when none: payloads travel exclude_unset
             debug=debug,
             items=items[start : start + size],
             num_rows=len(items[start : start + size]),

@@ -27,14 +27,17 @@ def add_service_commands(subparsers) -> None:
     serve = subparsers.add_parser("serve", help="API + one worker (+ a local Redis when SPINF_REDIS_URL is unset)")
     _add_http_flags(serve)
     _add_engine_flags(serve)
+    _add_packs_flag(serve)
     serve.set_defaults(handler=_serve)
 
     api = subparsers.add_parser("api", help="the HTTP API alone (needs SPINF_REDIS_URL)")
     _add_http_flags(api)
+    _add_packs_flag(api)
     api.set_defaults(handler=_api)
 
     worker = subparsers.add_parser("worker", help="a worker: load models once, score queued jobs greedily")
     _add_engine_flags(worker)
+    _add_packs_flag(worker)  # the workers' engines apply the packs the API accepts
     worker.add_argument("--name", default=None, help="worker name (default: host + random suffix)")
     worker.add_argument("--burst", action="store_true", help="exit when the queues are empty")
     worker.set_defaults(handler=_worker)
@@ -53,6 +56,12 @@ def _add_http_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
 
 
+def _add_packs_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--packs", action="append", default=None, metavar="DIR",
+                        help="a folder of prompt packs loaded on top of the official ones; repeatable"
+                             " (adds to SPINF_PACKS_DIRS)")
+
+
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action="append", default=None,
                         help=f"served model name or local HF folder; repeat for several (default {DEFAULT_MODEL})")
@@ -69,6 +78,9 @@ def _settings(args: argparse.Namespace):
     models = getattr(args, "model", None)
     if models and "SPINF_DEFAULT_MODEL" not in os.environ:  # the first --model is the default
         settings = settings.model_copy(update={"default_model": models[0]})
+    packs = getattr(args, "packs", None)
+    if packs:
+        settings = settings.model_copy(update={"packs_dirs": [*settings.packs_dirs, *(Path(p) for p in packs)]})
     return settings
 
 
@@ -76,7 +88,8 @@ def _load(args: argparse.Namespace, settings) -> dict:
     from workers.service import load_engines
 
     print(f"loading {', '.join(args.model or [settings.default_model])} on {args.device} ...", file=sys.stderr)
-    engines = load_engines(args.model or [settings.default_model], args.device, args.max_num_batched_tokens)
+    pack_dirs = tuple(str(p) for p in settings.packs_dirs)
+    engines = load_engines(args.model or [settings.default_model], args.device, args.max_num_batched_tokens, pack_dirs)
     return engines
 
 

@@ -8,5 +8,9 @@ from engine.engine import Engine, EngineConfig
 
 
 @lru_cache(maxsize=None)
-def get_engine(model: str, device: str = "auto", max_num_batched_tokens: int = 16384) -> Engine:
-    return Engine(EngineConfig(model=model, device=device, max_num_batched_tokens=max_num_batched_tokens))
+def get_engine(
+    model: str, device: str = "auto", max_num_batched_tokens: int = 16384, pack_dirs: tuple[str, ...] = ()
+) -> Engine:
+    config = EngineConfig(model=model, device=device, max_num_batched_tokens=max_num_batched_tokens,
+                          pack_dirs=pack_dirs)
+    return Engine(config)

@@ -51,13 +51,13 @@ def ensure_local_key(settings: Settings, always: bool = False) -> tuple[Settings
     return settings.model_copy(update={"api_keys": [*settings.api_keys, key]}), token
 
 
-def load_engines(models: list[str], device: str, max_num_batched_tokens: int) -> dict:
-    """{served name: Engine}, each loaded once."""
+def load_engines(models: list[str], device: str, max_num_batched_tokens: int, pack_dirs: tuple[str, ...] = ()) -> dict:
+    """{served name: Engine}, each loaded once; `pack_dirs`: prompt packs beyond the official ones."""
     from workers.engines import get_engine
 
     engines = {}
     for model in models:
-        engine = get_engine(model, device, max_num_batched_tokens)
+        engine = get_engine(model, device, max_num_batched_tokens, pack_dirs)
         engines[engine.model_name] = engine
     return engines
 

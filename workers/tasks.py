@@ -73,7 +73,7 @@ def _slot_for(line: int, item) -> RowSlot:
 
 def _request_or_error(slot: RowSlot, item, payload: ChunkPayload) -> ScoringRequest | None:
     try:
-        return item.to_request(payload.scoring, payload.debug)
+        return item.to_request(payload.scoring, payload.debug, payload.packs)
     except ValueError as error:  # pydantic's ValidationError is a ValueError
         slot.error = RowError(line=slot.line, custom_id=slot.custom_id, message=str(error))
         return None

@@ -48,7 +48,7 @@ class ChatRequest(BaseModel):
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatRequest, key: KeyDep) -> dict:
     """A chat.completion whose `scoring` field is the /v1/score response."""
-    if body.scoring is None:
+    if body.scoring is None or not body.scoring.queries:
         raise ApiError(422, "scoring: this service scores options; send a `scoring` block"
                        " (OpenAI SDK: extra_body={'scoring': {...}})", param="scoring")
     scoring_request = ScoringRequest(
