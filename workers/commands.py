@@ -7,7 +7,8 @@
     demo    serve + submit fixtures/demo as a job + progress + a summary
 
 Settings come from SPINF_* env vars (spinf_jobs/settings.py); flags override the few that
-matter per process. `add_service_commands(subparsers)` is wired into spinf_jobs/cli.py.
+matter per process. `--packs DIR` (repeatable; serve, api, worker) adds prompt-pack folders
+to SPINF_PACKS_DIRS: the API lists and checks them, the workers' engines apply them. `add_service_commands(subparsers)` is wired into spinf_jobs/cli.py.
 """
 
 from __future__ import annotations
