@@ -103,7 +103,7 @@ class Cut:
 
 @dataclass(frozen=True, slots=True)
 class Tokenize:
-    tokenizer: object  # a HF fast tokenizer
+    tokenizer: object  # a HF fast tokenizer, not changed afterwards (its rules are read once)
     add_special_tokens: bool  # True only without a chat template (the template renders BOS itself)
     rules: CutRules | None = field(init=False, repr=False, compare=False)  # None: never cut
 
