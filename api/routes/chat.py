@@ -71,9 +71,17 @@ async def chat_completions(request: Request, body: ChatRequest, key: KeyDep) -> 
 
 
 def _best_options(response: dict) -> str:
-    """{query id: most likely option} (a list over combinations for a grid), as JSON."""
+    """{query id: most likely option, or an extraction slot's top answer} (a list over
+    combinations for a grid; null where a slot found no answer), as JSON."""
     best = {}
     for result in response["results"]:
-        picks = [max(c["options"], key=lambda o: o["p"])["text"] for c in result["combinations"]]
+        picks = [_best(combination) for combination in result["combinations"]]
         best[result["id"]] = picks[0] if len(picks) == 1 else picks
     return orjson.dumps(best).decode()
+
+
+def _best(combination: dict) -> str | None:
+    if combination.get("options"):
+        return max(combination["options"], key=lambda o: o["p"])["text"]
+    answers = combination.get("answers") or []
+    return answers[0]["text"] if answers else None
