@@ -39,6 +39,7 @@ def test_slot_parity_with_transformers(slot_parity):
 
 def test_slot_parity_fails_for_a_greedy_decoder(slot_parity):
     rows = engine_rows(*slot_parity, BeamDecoder(max_width=1))
+    print(summarize_slots(rows))
     assert not is_passing(rows), "a greedy-only decoder passed slot parity"
 
 
