@@ -16,6 +16,7 @@ decoder is a parameter so a greedy-only decoder, the negative control, must fail
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,16 +106,21 @@ class ReferenceDecoder:
             ids, attention, positions = _left_padded(prompts)
             out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
                         logits_to_keep=1)
-            return torch.log_softmax(out.logits[:, -1].float(), dim=-1), (out.past_key_values, attention)
+            return torch.log_softmax(out.logits[:, -1].float(), dim=-1), (_cache_of(out), attention)
         kv, attention = cache
         parents = torch.tensor([h.rows[-1] for _, h in live])
         kv.batch_select_indices(parents)
         attention = torch.cat((attention[parents], torch.ones(len(live), 1, dtype=attention.dtype)), dim=1)
         ids = torch.tensor([[h.ids[-1]] for _, h in live])
         positions = torch.tensor([[len(q.prompt_ids) + len(h.ids) - 1] for q, h in live])
-        out = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=kv,
-                    use_cache=True)
-        return torch.log_softmax(out.logits[:, -1].float(), dim=-1), (out.past_key_values, attention)
+        cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **{cache_arg: kv})
+        return torch.log_softmax(out.logits[:, -1].float(), dim=-1), (_cache_of(out), attention)
+
+
+def _cache_of(output):
+    """transformers' KV cache of a forward (`cache` from 5.x, `past_key_values` before)."""
+    return output["cache"] if "cache" in output else output["past_key_values"]
 
 
 def _left_padded(sequences: list[list[int]]):
