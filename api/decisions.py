@@ -13,12 +13,12 @@ Every decision of a shared request is a branch of the same read of the state. Pu
 from __future__ import annotations
 
 import hashlib
-import math
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.errors import ApiError
 from spinf_jobs.orderings import OrderingMode, choice_orders, combine_orderings, expand_orderings, letter_options
+from spinf_jobs.probability import normalise
 from spinf_jobs.protocol import Message, Query, ScoringRequest, ScoringSpec
 
 SINGLE_DECISION_ID = "decision"
@@ -126,17 +126,10 @@ def read_decision(decision_id: str, decision: DecisionSpec, response: dict, work
         result["combined"] = {k: v for k, v in combined.as_dict(option_ids).items() if k != "probabilities"}
     temperature = workloads.get(decision.workload) if decision.workload else None
     if temperature is not None:
-        calibrated = softmax([z / temperature for z in logits])
+        calibrated = normalise([z / temperature for z in logits])
         result["calibrated"] = {"workload": decision.workload, "temperature": temperature,
                                 "probabilities": calibrated, "top": option_ids[calibrated.index(max(calibrated))]}
     return result
-
-
-def softmax(values: list[float]) -> list[float]:
-    top = max(values)
-    exps = [math.exp(v - top) for v in values]
-    total = sum(exps)
-    return [e / total for e in exps]
 
 
 def envelope(response: dict) -> dict:

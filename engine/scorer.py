@@ -11,11 +11,10 @@ Sums run in float64, token by token in sequence order, so they do not depend on 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from engine.packer import PackedTree
+from spinf_jobs.probability import normalise, residual  # noqa: F401 (the scorer's API)
 
 
 def option_logprobs(tree: PackedTree, target_logprobs: torch.Tensor) -> list[list[float]]:
@@ -26,15 +25,3 @@ def option_logprobs(tree: PackedTree, target_logprobs: torch.Tensor) -> list[lis
     for value, branch, option in zip(values, tree.tree.scored_branch, tree.tree.scored_option, strict=True):
         sums[branch][option] += value
     return sums
-
-
-def normalise(logprobs: list[float]) -> list[float]:
-    """exp(logprob) normalised over the options, computed stably."""
-    top = max(logprobs)
-    weights = [math.exp(lp - top) for lp in logprobs]
-    total = sum(weights)
-    return [w / total for w in weights]
-
-
-def residual(logprobs: list[float]) -> float:
-    return max(0.0, 1.0 - sum(math.exp(lp) for lp in logprobs))
