@@ -15,7 +15,7 @@ from fastapi import Request
 from api.errors import ApiError
 from api.served import resolve_model
 from spinf_jobs import jobstore, queues
-from spinf_jobs.payloads import JobItem
+from spinf_jobs.payloads import JobCreate, JobItem
 from spinf_jobs.packs import PackRegistry, UnknownPackError
 from spinf_jobs.protocol import ScoringRequest
 from spinf_jobs.settings import ApiKey
@@ -48,7 +48,7 @@ async def score_sync(request: Request, key: ApiKey, body: ScoringRequest) -> dic
     return row["response"]
 
 
-def check_packs(registry: PackRegistry, body: ScoringRequest) -> None:
+def check_packs(registry: PackRegistry, body: ScoringRequest | JobCreate) -> None:
     """422 naming the first pack this service has not loaded (before anything is queued)."""
     for index, ref in enumerate(body.packs):
         try:

@@ -74,6 +74,7 @@ class JobCreate(_Strict):
     input: S3Location | None = None
     output: S3Location | None = None
     debug: bool = False
+    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
 
     @model_validator(mode="after")
     def _source(self) -> JobCreate:
@@ -83,8 +84,8 @@ class JobCreate(_Strict):
             raise ValueError("output: an S3 `input` needs an S3 `output` prefix")
         if self.items is not None and self.output is not None:
             raise ValueError("output: inline jobs keep their results in the service; drop `output`")
-        if not self.scoring.queries:  # (packs are named per request: /v1/score)
-            raise ValueError("scoring.queries: give at least one query")
+        if not self.scoring.queries and not self.packs:
+            raise ValueError("scoring.queries: give at least one query, or name a pack in `packs`")
         return self
 
 
@@ -132,6 +133,7 @@ class PlanPayload(_Strict):
     input: str
     output: str
     chunk_num_rows: int = Field(ge=1)
+    packs: list[PackRef] = Field(default_factory=list)  # handed to every chunk
 
 
 class RowError(BaseModel):

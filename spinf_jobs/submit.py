@@ -102,13 +102,14 @@ def submit_inline(
 
 def submit_dataset(
     r: Redis, settings: Settings, owner: str, model: str, scoring: ScoringSpec, input_uri: str, output_uri: str,
-    debug: bool = False, job_id: str | None = None,
+    debug: bool = False, job_id: str | None = None, packs: list[PackRef] = (),
 ) -> str:
     """One dataset job: a plan step lists the input and enqueues the chunks."""
     job_id = job_id or new_job_id()
     plan = PlanPayload(
         job_id=job_id, model=model, scoring=scoring, debug=debug, input=input_uri, output=output_uri,
         chunk_num_rows=settings.chunk_num_rows,
+        **({"packs": list(packs)} if packs else {}),  # unset when none: payloads travel exclude_unset
     )
     fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri}
     jobstore.create_job(r, job_id, fields)

@@ -204,6 +204,7 @@ def _cut(s3, payload: PlanPayload) -> tuple[list[ChunkPayload], int]:
                 ChunkPayload(
                     job_id=payload.job_id, chunk_index=len(chunks), model=payload.model, scoring=payload.scoring,
                     debug=payload.debug, source=source, output=payload.output, num_rows=num_rows,
+                    **({"packs": payload.packs} if payload.packs else {}),
                 )
             )
     return chunks, sum(c.num_rows for c in chunks)

@@ -14,9 +14,10 @@ import hashlib
 from fastapi import APIRouter, Header, Response
 from fastapi.responses import StreamingResponse
 
-from api.deps import KeyDep, RedisDep, S3Dep, SettingsDep
+from api.deps import KeyDep, PacksDep, RedisDep, S3Dep, SettingsDep
 from api.errors import ApiError
 from api.served import resolve_model
+from api.sync_calls import check_packs
 from spinf_jobs import datasets, jobstore, queues
 from spinf_jobs.payloads import JobCreate, JobView
 from spinf_jobs.s3 import get_bytes, is_allowed, parse_s3_uri
@@ -28,11 +29,12 @@ router = APIRouter()
 
 @router.post("/v1/jobs", status_code=201, response_model=JobView)
 def create_job(
-    body: JobCreate, key: KeyDep, r: RedisDep, settings: SettingsDep, response: Response,
+    body: JobCreate, key: KeyDep, r: RedisDep, settings: SettingsDep, packs: PacksDep, response: Response,
     idempotency_key: str | None = Header(default=None, max_length=256),
 ) -> JobView:
     """Submit a job; a retried submit with the same Idempotency-Key returns the same job."""
     _check_s3_access(key, body)
+    check_packs(packs, body)
     if body.items is not None and len(body.items) > settings.max_num_inline_items:
         raise ApiError(413, f"items: {len(body.items)} items; at most {settings.max_num_inline_items} inline,"
                        " use an S3 input for more", param="items")
@@ -44,10 +46,11 @@ def create_job(
             response.status_code = 200
             return _view_or_404(r, existing, key)
     if body.items is not None:
-        submit_inline(r, settings, key.name, model, body.scoring, body.items, body.debug, job_id=job_id)
+        submit_inline(r, settings, key.name, model, body.scoring, body.items, body.debug, job_id=job_id,
+                      packs=body.packs)
     else:
         submit_dataset(r, settings, key.name, model, body.scoring, body.input.s3, body.output.s3, body.debug,
-                       job_id=job_id)
+                       job_id=job_id, packs=body.packs)
     return jobstore.load_view(r, job_id)
 
 

@@ -156,3 +156,31 @@ def test_decide_shared_reads_the_state_once_with_rotations(live, bearer):
     too_many = _post(live, bearer, "/v1/decide", {"state": STATE, **QUEUE, "orderings": "all",
                                                   "options": QUEUE["options"] * 2})
     assert too_many.status_code == 422
+
+
+def test_jobs_name_packs_for_every_row_and_refuse_unknown_ones(live, bearer):
+    import time
+
+    import orjson
+
+    items = [{"custom_id": f"row-{i}", "text": STATE} for i in range(3)]
+    body = {"scoring": {"queries": []}, "items": items, "packs": [{"id": "spinf/support-triage"}]}
+    created = _post(live, bearer, "/v1/jobs", body)
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = httpx.get(f"{live.base_url}/v1/jobs/{job_id}", headers=bearer("alice")).json()["status"]
+        if status in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.5)
+    assert status == "succeeded"
+    results = httpx.get(f"{live.base_url}/v1/jobs/{job_id}/results", headers=bearer("alice"), timeout=60)
+    rows = [orjson.loads(line) for line in results.text.splitlines() if line.strip()]
+    assert [row["custom_id"] for row in rows] == [item["custom_id"] for item in items]
+    decisions = {row["response"]["packs"][0]["decisions"]["queue"] for row in rows}
+    assert len(decisions) == 1  # the same text gives the same decision on every row
+    unknown = _post(live, bearer, "/v1/jobs", {**body, "packs": [{"id": "spinf/nope"}]})
+    assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "packs[0].id"
+    neither = _post(live, bearer, "/v1/jobs", {**body, "packs": []})
+    assert neither.status_code == 422 and "name a pack" in neither.json()["error"]["message"]
