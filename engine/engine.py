@@ -31,7 +31,7 @@ from engine.quantization import QUANTIZATION_RECIPES, quantize
 from engine.model_registry import DEFAULT_MODEL
 from engine.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.pack_requests import PackRequestError, expand_request
-from engine.packer import DEFAULT_MAX_NUM_BATCHED_TOKENS, leaky_tree_mask, pack_trees, split_branches, tree_mask
+from engine.packer import DEFAULT_MAX_NUM_BATCHED_TOKENS, leaky_tree_mask, pack_trees, split_tree, tree_mask
 from engine.prompts import PromptError, PromptRenderer
 from engine.responses import ResponseBuilder
 from engine.runner import ModelRunner
@@ -178,8 +178,8 @@ class Engine:
         for index, request in enumerate(compiled):
             if isinstance(request, RequestError):
                 continue
-            for group in split_branches(request.branches, budget):
-                yield _TreeOwner(index), build_tree(group)
+            for tree in split_tree(request.branches, budget):  # the tree is built once here
+                yield _TreeOwner(index), tree
         for key in builder.missing_floors():
             yield _TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
 

@@ -6,7 +6,7 @@ Each tree starts at a multiple of ROW_CHUNK and is padded to one, so its rows me
 same fixed-shape matmuls wherever it sits (batch invariance). Positions are node depths.
 Each tree's scored rows are padded to a multiple of SCORE_CHUNK for the same reason at the
 LM head. Trees are placed whole, in order; a tree larger than the budget is first split by
-`split_branches` into trees that share the trunk (each re-reads it).
+`split_tree` into trees that share the trunk (each re-reads it).
 Extraction slots add, per tree, one more scored row each (the slot's last prompt node, whose
 whole distribution is read) and ask the pass to keep their prompt paths' K/V (KVCapture).
 """
@@ -58,11 +58,12 @@ def padded(num: int, multiple: int) -> int:
     return -(-num // multiple) * multiple
 
 
-def split_branches(branches: list[Branch], max_num_tokens: int) -> list[list[Branch]]:
-    """Groups of branches whose trees each fit the budget (a group holds at least one)."""
+def split_tree(branches: list[Branch], max_num_tokens: int) -> list[TokenTree]:
+    """The branches' tree, or, when it is over the budget, trees of groups of branches that
+    each fit (a group holds at least one branch; each re-reads the trunk)."""
     whole = build_tree(branches)
     if padded(whole.num_tokens, ROW_CHUNK) <= max_num_tokens:
-        return [branches]
+        return [whole]
     groups: list[list[Branch]] = [[]]
     group_size = whole.num_trunk_tokens
     for branch in branches:
@@ -72,7 +73,7 @@ def split_branches(branches: list[Branch], max_num_tokens: int) -> list[list[Bra
             group_size = whole.num_trunk_tokens
         groups[-1].append(branch)
         group_size += extra
-    return groups
+    return [build_tree(group) for group in groups]
 
 
 def pack_trees(items: Iterable[tuple[object, TokenTree]], max_num_tokens: int, mask_fn=None) -> Iterator[PackedBatch]:

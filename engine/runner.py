@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import AttentionMetadata, TreeSpan
+from engine.attention import AttentionMetadata
 from engine.kv_cache import SlotKV
 from engine.ops import SCORE_CHUNK
 from engine.packer import PackedBatch
