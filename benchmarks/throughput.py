@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hf_baselines  # noqa: E402
 import random_models  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
+from slot_workload import load_slot_queries, slot_token_share, with_slots  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 from engine.quantization import quantize_linears_fp8  # noqa: E402
@@ -180,6 +181,8 @@ def main() -> None:
     parser.add_argument("--commit", default=None, help="commit hash to record (the device copy has no .git)")
     parser.add_argument("--layer-std", type=float, default=0.5, help="random_models.fill_random_weights")
     parser.add_argument("--tag", default="", help="suffix of the result file name (e.g. sweeps)")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="also time spinf_bf16 with the first N extraction slots of fixtures/benchmarks/<workload>-slots.json")
     parser.add_argument("--profile", type=Path, default=None, help="write a per-op table of one spinf_bf16 run")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -211,6 +214,10 @@ def main() -> None:
     print("spinf_bf16", _brief(systems["spinf_bf16"]), flush=True)
     if args.profile:
         print(profile_pass(engine, requests, args.profile), flush=True)
+    if args.slots:
+        systems["spinf_bf16_slots"] = run_slots(engine, workload, args, systems["spinf_bf16"], num_questions, params,
+                                                peaks["bf16"])
+        print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
 
     if "hf_prefix" not in skip:
         stats, prefix_lp = hf_baselines.run_prefix(hf, items, args.repeats, timed)
@@ -243,6 +250,26 @@ def main() -> None:
 
         result["sweeps"] = sweeps.run_sweeps(engine, hf, workload, timed)
     write_result(result)
+
+
+def run_slots(engine, workload, args, bf16_row: dict, num_questions: int, params: int, peak: float) -> dict:
+    """spinf_bf16 on the same requests with extraction slots added: the slots' cost in
+    scoring-token equivalents = extra seconds x spinf_bf16's tokens/s (what the same time
+    would have scored), also per slot answer."""
+    slot_queries = load_slot_queries(args.workload, args.slots)
+    plain = workload.requests(engine.model_name, args.num_texts)
+    requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, slot_queries)]
+    stats, results = run_spinf(engine, requests, args.repeats)
+    row = system_row(stats, num_questions, params, peak, **slot_token_share(results))
+    extra_seconds = stats["seconds"] - bf16_row["seconds"]
+    num_slot_answers = len(requests) * len(slot_queries)
+    row |= {"num_slot_queries": len(slot_queries), "slot_answers": num_slot_answers,
+            "slot_extra_seconds": extra_seconds,
+            "slot_scoring_token_equivalents": extra_seconds * bf16_row["tokens_per_s"],
+            "slot_scoring_token_equivalents_per_answer": extra_seconds * bf16_row["tokens_per_s"] / num_slot_answers,
+            "mean_answers_per_slot": sum(len(q.combinations[0].answers or []) for r in results for q in r.results
+                                         if q.combinations[0].answers is not None) / num_slot_answers}
+    return row
 
 
 def _brief(row: dict) -> str:
@@ -280,6 +307,14 @@ def markdown(result: dict) -> str:
             lines.append(f"\n{name}: {row['passes']} passes; launch (CPU side: block masks, copies, kernel launches) {row['runner_seconds']:.3f} s of"
                          f" {row['seconds']:.3f} s; tokenization {row['tokenize_seconds']:.3f} s more (not in the table:"
                          f" the baselines get tokenized input too)")
+    if "spinf_bf16_slots" in result["systems"]:
+        row = result["systems"]["spinf_bf16_slots"]
+        lines.append(f"\nspinf_bf16_slots: the same requests plus {row['num_slot_queries']} extraction slots each"
+                     f" ({row['slot_answers']} slot answers): +{row['slot_extra_seconds']:.3f} s ="
+                     f" {row['slot_scoring_token_equivalents']:.0f} scoring-token equivalents"
+                     f" ({row['slot_scoring_token_equivalents_per_answer']:.1f} per slot answer);"
+                     f" {row['slot_tokens']} decoding rows vs {row['read_tokens']} tokens read;"
+                     f" questions/s counts the option questions only")
     for key in ("spinf_bf16_vs_hf_prefix", "hf_naive_vs_hf_prefix", "fp8_vs_bf16_drift"):
         if key in result:
             d = result[key]

@@ -92,6 +92,7 @@ class Engine:
         self.floors = FloorCache(config.floor_cache_size)
         self.checkpoint_path = checkpoint.path
         self.system_fingerprint = fingerprint(checkpoint.weights_sha256, dtype, device, config.quantization)
+        self.dtype_name = str(dtype).removeprefix("torch.")  # "float32", "bfloat16"
         self.mask_fn = tree_mask
         self.beam = BeamDecoder()  # mode "extract"; parity's negative control swaps in a greedy one
         self._slot_vocab: SlotVocab | None = None

@@ -45,6 +45,8 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
     parser.add_argument("--model", default=None, help="served model name or HF folder (default: the engine's)")
     parser.add_argument("--max-rows", type=int, default=None, help="score only the first N rows")
     parser.add_argument("--batch-size", type=int, default=8, help="requests per engine call")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where to score (cuda: bfloat16, the GPU workers' numerics; recorded in the report)")
     parser.add_argument("--folds", type=int, default=5, help="cross-fit folds for held-out metrics")
     parser.add_argument("--reports-dir", type=Path, default=DEFAULT_REPORTS_DIR)
     parser.add_argument("--scores", type=Path, default=None,
@@ -66,7 +68,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         scored, meta = [by_id[r["id"]] for r in rows if r["id"] in by_id], read_scores(args.scores)[1]
     else:
         scored, meta = score_rows(pack, rows, model=args.model, batch_size=args.batch_size,
-                                  scores_path=scores_path)
+                                  scores_path=scores_path, device=args.device)
     fit = fit_pack(pack, scored, num_folds=args.folds)
     data_name = _relative(args.data)
     calibration = to_pack_calibration(
@@ -139,7 +141,7 @@ def scored_row(pack: Pack, row: dict, applied: dict) -> ScoredRow:
 
 
 def score_rows(pack: Pack, rows: list[dict], *, model: str | None, batch_size: int,
-               scores_path: Path) -> tuple[list[ScoredRow], dict]:
+               scores_path: Path, device: str = "cpu") -> tuple[list[ScoredRow], dict]:
     """Score the rows not yet in `scores_path`, appending each batch as it is done, so an
     interrupted run resumes where it stopped (the file's model must match)."""
     from engine.engine import Engine, EngineConfig  # lazy: torch only when scoring
@@ -148,14 +150,15 @@ def score_rows(pack: Pack, rows: list[dict], *, model: str | None, batch_size: i
     done_ids = {s.id for s in done}
     todo = [r for r in rows if r["id"] not in done_ids]
     if todo:
-        engine = Engine(EngineConfig(model=model, device="cpu") if model else EngineConfig(device="cpu"))
+        engine = Engine(EngineConfig(model=model, device=device) if model else EngineConfig(device=device))
         if meta and meta["system_fingerprint"] != engine.system_fingerprint:
             raise RuntimeError(
                 f"{scores_path} was scored by {meta['model']} with fingerprint {meta['system_fingerprint']};"
                 f" this engine is {engine.system_fingerprint}: refit with --scores {scores_path}, or move it"
                 " away to rescore every row")
         meta = meta or {"model": engine.model_name, "system_fingerprint": engine.system_fingerprint,
-                        "device": "cpu", "scoring_seconds": 0.0, "num_content_tokens": 0}
+                        "device": f"{device} ({engine.dtype_name})", "scoring_seconds": 0.0,
+                        "num_content_tokens": 0}
         if not scores_path.exists():
             scores_path.write_text(json.dumps({"meta": meta}) + "\n", encoding="utf-8")
         _score_into(engine, pack, todo, batch_size, scores_path)

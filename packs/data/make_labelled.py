@@ -10,7 +10,8 @@ redistribution by us); this script rebuilds the exact same rows from the pinned 
 Each row: {"id", "text", "labels": [category ids]}; the sample is seeded, so the files and
 their SHA-256 (recorded in the fitted pack's provenance) are reproducible.
 News articles are cut to the headline and the first MAX_NUM_WORDS words: the topic is
-plain from the opening, and it keeps a CPU calibration run affordable.
+plain from the opening, and it keeps a CPU calibration run affordable (the official fits were scored on the GPU:
+packs/data/calibrate_on_gpu.sh).
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(".data/labelled"))
-    parser.add_argument("--news-per-topic", type=int, default=70)
-    parser.add_argument("--num-reviews", type=int, default=360)
+    parser.add_argument("--news-per-topic", type=int, default=120)
+    parser.add_argument("--num-reviews", type=int, default=600)
     parser.add_argument("--seed", type=int, default=20240601)
     args = parser.parse_args()
     write_jsonl(args.out / "news-topics.jsonl", news_rows(args.news_per_topic, args.seed))
