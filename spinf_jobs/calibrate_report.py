@@ -72,8 +72,8 @@ def report_markdown(pack: Pack, fit: PackFit, meta: dict) -> str:
                   f"- accuracy, first ordering only: {s['accuracy_one_ordering']:.3f}",
                   f"- accuracy, averaged over orderings: {s['accuracy_averaged']:.3f}",
                   f"- change: {s['accuracy_change']:+.3f} (bootstrap 95% interval {lo:+.3f} to {hi:+.3f})",
-                  f"- unanimous rows: {s['share_unanimous']:.1%}, their accuracy {s['accuracy_unanimous']}",
-                  f"- split rows: accuracy {s['accuracy_split']}"]
+                  f"- unanimous rows: {s['share_unanimous']:.1%}, their accuracy {_number(s['accuracy_unanimous'])}",
+                  f"- split rows: accuracy {_number(s['accuracy_split'])}"]
     lines += ["", "Reliability diagrams: `reliability-<category>.png` beside this file.", ""]
     return "\n".join(lines)
 
@@ -97,3 +97,7 @@ def _raw_category(pack: Pack, category_id: str, scored: list[ScoredRow]) -> np.n
 
     category = next(c for c in pack.categories if c.id == category_id)
     return np.array([combine_scores(category, pack, {**r.choices, **r.questions}) for r in scored])
+
+
+def _number(value: float | None) -> str:
+    return "n/a (no such rows)" if value is None else f"{value:.3f}"
