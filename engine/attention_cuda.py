@@ -128,10 +128,10 @@ def build_tree_block_masks(spans, device: torch.device, bucket: int = BUCKET) ->
     # Capacity depends only on the bucket, so the compiled kernel's input shapes repeat.
     # Words past num_words are never read (the mask_mod reads only inside q's span): empty, not zeros.
     bits = torch.empty(num_padded * num_padded // 32, dtype=torch.int32, device=device)
-    bits[:num_words].copy_(torch.from_numpy(np.concatenate(words)))
+    bits[:num_words].copy_(_pinned(np.concatenate(words)), non_blocking=True)
 
-    def to_dev(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(device, non_blocking=True)
+    def to_dev(a: np.ndarray) -> torch.Tensor:  # pinned: the copy does not wait for the pass in flight
+        return _pinned(a).to(device, non_blocking=True)
 
     return TreeBlockMasks(
         num_tokens=num_tokens, num_padded=num_padded, bits=bits,
@@ -139,6 +139,11 @@ def build_tree_block_masks(spans, device: torch.device, bucket: int = BUCKET) ->
         positions=to_dev(positions), any_blocks=to_dev(any_blocks), full_blocks=to_dev(full_blocks),
         block_pos_min=to_dev(block_pos.min(axis=1)), block_pos_max=to_dev(block_pos.max(axis=1)),
     )
+
+
+def _pinned(array: np.ndarray) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor.pin_memory() if torch.cuda.is_available() else tensor
 
 
 def flex_tree_attention(

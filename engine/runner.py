@@ -51,6 +51,14 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     return host.copy_(tensor, non_blocking=True)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without blocking the host: a copy from pageable memory waits for every
+    kernel already queued (the pass in flight), one from pinned memory does not."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def _record_event(device: torch.device):
     if device.type != "cuda":
         return None
@@ -86,16 +94,16 @@ class ModelRunner:
         attention = self.prepare_attention(batch.attention)
         attention.capture = batch.attention.capture  # whatever prepare built, slots keep their K/V
         logits = self.model(
-            batch.input_ids.to(self.device),
-            batch.positions.to(self.device),
+            to_device(batch.input_ids, self.device),
+            to_device(batch.positions, self.device),
             attention,
-            batch.scored_index.to(self.device),
+            to_device(batch.scored_index, self.device),
         )  # [S, V] float32
         self.num_passes += 1
-        target_logprobs = gather_logprobs(logits, batch.scored_targets.to(self.device))
+        target_logprobs = gather_logprobs(logits, to_device(batch.scored_targets, self.device))
         slot_logprobs = None
         if batch.slot_index is not None:
-            slot_logprobs = _to_host(chunked_log_softmax(logits[batch.slot_index.to(self.device)]))
+            slot_logprobs = _to_host(chunked_log_softmax(logits[to_device(batch.slot_index, self.device)]))
         output = RunnerOutput(pass_id=self.num_passes, target_logprobs=_to_host(target_logprobs))
         output.slot_logprobs = slot_logprobs
         if batch.slot_index is not None:
