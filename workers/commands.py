@@ -48,6 +48,9 @@ def add_service_commands(subparsers) -> None:
     _add_engine_flags(demo)
     demo.add_argument("--dataset", type=Path, default=None, help="JSONL of {custom_id, text|messages}")
     demo.add_argument("--scoring", type=Path, default=None, help="scoring spec JSON ({queries: [...]})")
+    demo.add_argument("--pack", action="append", default=[], metavar="ID",
+                      help="also ask every row a prompt pack, e.g. spinf/support-triage (repeatable; GET /v1/packs)")
+    _add_packs_flag(demo)
     # smaller passes than a server's: the progress bar moves pass by pass on a CPU (same scores)
     demo.set_defaults(handler=_demo, max_num_batched_tokens=DEMO_MAX_NUM_BATCHED_TOKENS)
 
@@ -160,7 +163,7 @@ def _demo(args: argparse.Namespace) -> int:
     logging.getLogger("rq").setLevel(logging.WARNING)  # keep the progress bar readable
     service, token = _start_embedded(args, needs_key=True, chunk_num_rows=DEMO_CHUNK_NUM_ROWS)
     try:
-        return run_demo(service, token, args.dataset, args.scoring)
+        return run_demo(service, token, args.dataset, args.scoring, args.pack)
     finally:
         service.stop()
 

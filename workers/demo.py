@@ -1,6 +1,6 @@
 """The README's main job: the demo dataset as one job on the embedded service, then a summary.
 
-    fixtures/demo/messages.jsonl + scoring.json --POST /v1/jobs--> job
+    fixtures/demo/messages.jsonl + scoring.json (+ packs named with --pack) --POST /v1/jobs--> job
       --GET /v1/jobs/{id} (progress bar)--> succeeded --GET .../results (JSONL)--> summary tables
 """
 
@@ -19,14 +19,17 @@ DEMO_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "demo"
 NUM_EXAMPLE_ROWS = 12
 
 
-def run_demo(service, token: str, dataset: Path | None, scoring: Path | None) -> int:
+def run_demo(service, token: str, dataset: Path | None, scoring: Path | None, packs: list[str] = ()) -> int:
     lines = (dataset or DEMO_DIR / "messages.jsonl").read_bytes().splitlines()
     rows = [orjson.loads(line) for line in lines if line.strip()]
     spec = orjson.loads((scoring or DEMO_DIR / "scoring.json").read_bytes())
     client = httpx.Client(base_url=service.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
     started = time.perf_counter()
-    response = client.post("/v1/jobs", json={"scoring": spec, "items": rows})
-    response.raise_for_status()
+    body = {"scoring": spec, "items": rows} | ({"packs": [{"id": p} for p in packs]} if packs else {})
+    response = client.post("/v1/jobs", json=body)
+    if response.status_code >= 400:  # e.g. an unknown pack: the service says which and what is loaded
+        print(f"job refused ({response.status_code}): {response.json()['error']['message']}")
+        return 1
     job = _follow(client, response.json())
     elapsed = time.perf_counter() - started
     if job["status"] != "succeeded":
@@ -72,6 +75,15 @@ def print_summary(console: Console, rows: list[dict], spec: dict, results: list[
         ranked = sorted(counts.items(), key=lambda item: -len(item[1]))
         answers.add_row(query_id, ", ".join(f"{text} {len(ps)} ({sum(ps) / len(ps):.2f})" for text, ps in ranked))
     console.print(answers)
+    for pack_id, decisions in _pack_decisions(scored).items():
+        console.print(f"Pack {pack_id}: decisions (rows)")
+        table = Table()
+        table.add_column("decision")
+        table.add_column("labels")
+        for decision_id, labels in decisions.items():
+            ranked = sorted(((labels.count(label), label) for label in set(labels)), reverse=True)
+            table.add_row(decision_id, ", ".join(f"{label} {count}" for count, label in ranked))
+        console.print(table)
     texts = {row["custom_id"]: row.get("text") or row["messages"][-1]["content"] for row in rows}
     examples = Table(title=f"First {NUM_EXAMPLE_ROWS} rows")
     for column in ("custom_id", "message", *query_ids):
@@ -84,3 +96,13 @@ def print_summary(console: Console, rows: list[dict], spec: dict, results: list[
         cells = [f"{text} {p:.2f}" for text, p in (_top(row["response"], q) for q in query_ids)]
         examples.add_row(row["custom_id"], message, *cells)
     console.print(examples)
+
+
+def _pack_decisions(scored: list[dict]) -> dict[str, dict[str, list[str]]]:
+    """{pack id: {decision id: [label per row]}} over the rows that named packs."""
+    decisions: dict[str, dict[str, list[str]]] = {}
+    for row in scored:
+        for pack in row["response"].get("packs") or []:
+            for decision_id, label in pack["decisions"].items():
+                decisions.setdefault(pack["pack"], {}).setdefault(decision_id, []).append(label)
+    return decisions

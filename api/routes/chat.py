@@ -1,7 +1,8 @@
-"""POST /v1/chat/completions: OpenAI shape; the `scoring` block (SDK `extra_body`) is required.
+"""POST /v1/chat/completions: OpenAI shape; a `scoring` block or `packs` (SDK `extra_body`) is required.
 
-    {model, messages, scoring} -> /v1/score's path -> chat.completion with the scores in `scoring`
-    and, as the assistant message, each query's most likely option (JSON).
+    {model, messages, scoring, packs} -> /v1/score's path -> chat.completion with the scores in
+    `scoring` and, as the assistant message, each query's most likely option (JSON), plus each
+    named pack's decisions under "packs".
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from typing import Literal
 
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.deps import KeyDep
 from api.errors import ApiError
 from api.sync_calls import score_sync
-from spinf_jobs.protocol import Message, ScoringRequest, ScoringSpec
+from spinf_jobs.protocol import Message, PackRef, ScoringRequest, ScoringSpec
 
 router = APIRouter()
 
@@ -42,18 +44,24 @@ class ChatRequest(BaseModel):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     scoring: ScoringSpec | None = None
+    packs: list[PackRef] = Field(default_factory=list)  # prompt packs, from the same read
     debug: bool = False
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatRequest, key: KeyDep) -> dict:
     """A chat.completion whose `scoring` field is the /v1/score response."""
-    if body.scoring is None or not body.scoring.queries:
-        raise ApiError(422, "scoring: this service scores options; send a `scoring` block"
-                       " (OpenAI SDK: extra_body={'scoring': {...}})", param="scoring")
-    scoring_request = ScoringRequest(
-        model=body.model, messages=[m.to_message() for m in body.messages], scoring=body.scoring, debug=body.debug
-    )
+    if (body.scoring is None or not body.scoring.queries) and not body.packs:
+        raise ApiError(422, "scoring: this service scores options; send a `scoring` block or name `packs`"
+                       " (OpenAI SDK: extra_body={'scoring': {...}} or extra_body={'packs': [{'id': ...}]})",
+                       param="scoring")
+    try:
+        scoring_request = ScoringRequest(
+            model=body.model, messages=[m.to_message() for m in body.messages], scoring=body.scoring or ScoringSpec(),
+            packs=body.packs, debug=body.debug,
+        )
+    except ValidationError as error:  # e.g. a pack named twice: the same 422 as a malformed body
+        raise RequestValidationError(error.errors()) from None
     response = await score_sync(request, key, scoring_request)
     usage = response["usage"]
     num_prompt_tokens = usage["content_tokens"] + usage["question_tokens"] + usage["option_tokens"]
@@ -73,10 +81,12 @@ async def chat_completions(request: Request, body: ChatRequest, key: KeyDep) -> 
 def _best_options(response: dict) -> str:
     """{query id: most likely option, or an extraction slot's top answer} (a list over
     combinations for a grid; null where a slot found no answer), as JSON."""
-    best = {}
+    best: dict = {}
     for result in response["results"]:
         picks = [_best(combination) for combination in result["combinations"]]
         best[result["id"]] = picks[0] if len(picks) == 1 else picks
+    if response.get("packs"):
+        best["packs"] = {pack["pack"]: pack["decisions"] for pack in response["packs"]}
     return orjson.dumps(best).decode()
 
 

@@ -93,6 +93,29 @@ def test_score_naming_a_pack_returns_it_beside_its_own_results(live, bearer):
     assert _num_read(named) == _num_read(alone) + _num_read(pack_only) - named["usage"]["content_tokens"]
 
 
+def test_chat_completions_name_packs_and_get_the_same_scores_as_score(live, bearer):
+    import json
+
+    messages = [{"role": "user", "content": STATE}]
+    pack = [{"id": "spinf/support-triage"}]
+    scored = _post(live, bearer, "/v1/score", {"messages": messages, "scoring": OWN, "packs": pack}).json()
+    chat = _post(live, bearer, "/v1/chat/completions", {"messages": messages, "scoring": OWN, "packs": pack})
+    assert chat.status_code == 200, chat.text
+    chat = chat.json()
+    assert chat["scoring"]["packs"] == scored["packs"] and chat["scoring"]["results"] == scored["results"]
+    content = json.loads(chat["choices"][0]["message"]["content"])
+    assert content["packs"] == {"spinf/support-triage": scored["packs"][0]["decisions"]}
+    pack_only = _post(live, bearer, "/v1/chat/completions", {"messages": messages, "packs": pack})
+    assert pack_only.status_code == 200, pack_only.text
+    assert pack_only.json()["scoring"]["packs"][0]["decisions"] == scored["packs"][0]["decisions"]
+    twice = _post(live, bearer, "/v1/chat/completions", {"messages": messages, "packs": pack + pack})
+    assert twice.status_code == 422 and "named more than once" in twice.json()["error"]["message"]
+    unknown = _post(live, bearer, "/v1/chat/completions", {"messages": messages, "packs": [{"id": "spinf/nope"}]})
+    assert unknown.status_code == 422 and "spinf/nope" in unknown.json()["error"]["message"]
+    neither = _post(live, bearer, "/v1/chat/completions", {"messages": messages})
+    assert neither.status_code == 422 and "packs" in neither.json()["error"]["message"]
+
+
 def test_unknown_pack_is_422_naming_it_before_anything_is_queued(live, bearer):
     body = {"messages": [{"role": "user", "content": STATE}], "packs": [{"id": "spinf/nope"}]}
     response = _post(live, bearer, "/v1/score", body)

@@ -2,6 +2,7 @@
 dir, API, one worker) and `demo` (the README's main job), run as real processes."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -82,8 +83,20 @@ def test_serve_embeds_a_persistent_redis(service_model_dir, tmp_path):
 
 def test_demo_scores_the_demo_dataset(service_model_dir, tmp_path):
     command = [sys.executable, "-m", "workers.commands", "demo", "--model", str(service_model_dir), "--device", "cpu",
-               "--port", str(_free_port())]
+               "--port", str(_free_port()), "--pack", "spinf/support-triage"]
     done = subprocess.run(command, cwd=REPO, env=_env(tmp_path / "data"), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "40 rows: 40 scored, 0 errors" in done.stdout
     assert "Most likely answer per question" in done.stdout and "msg-001" in done.stdout
+    assert "Pack spinf/support-triage: decisions (rows)" in done.stdout
+    # every row got the pack's decision: the label counts add up to the 40 rows
+    queue_line = next(line for line in done.stdout.splitlines() if "│ queue" in line)
+    assert sum(int(n) for n in re.findall(r"\b[a-z_]+ (\d+)", queue_line)) == 40, queue_line
+
+
+def test_demo_names_an_unknown_pack(service_model_dir, tmp_path):
+    command = [sys.executable, "-m", "workers.commands", "demo", "--model", str(service_model_dir), "--device", "cpu",
+               "--port", str(_free_port()), "--pack", "spinf/nope"]
+    done = subprocess.run(command, cwd=REPO, env=_env(tmp_path / "data"), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 1
+    assert "job refused (422)" in done.stdout and "spinf/nope" in done.stdout
