@@ -275,9 +275,10 @@ def num_flipped(p_before: np.ndarray, p_after: np.ndarray) -> int:
 CANDIDATE_METHODS = ("temperature", "platt", "isotonic")
 # AUC on cross-fitted rows is the mean of the per-fold AUCs (each fold's rows are ranked by
 # one map): pooling rows calibrated by different maps would rank them against each other
-# with different maps, and move even a rank-preserving method's AUC. Isotonic ties can
-# still cost a little; a candidate may lose at most this much.
-AUC_TOLERANCE = 0.002
+# with different maps, and move even a rank-preserving method's AUC. A candidate may not lose
+# any AUC ("no lower than before"): isotonic ties that cost some rule isotonic out, while
+# temperature and Platt on the raw score keep every fold's ranking and so stay eligible.
+AUC_TOLERANCE = 0.0
 
 
 @dataclass(slots=True)
@@ -329,7 +330,7 @@ def choose_method(
     baseline: np.ndarray | None = None,
 ) -> MethodChoice:
     """Pick the method with the lowest out-of-fold log-loss among those that keep accuracy
-    (at 0.5) and AUC (within AUC_TOLERANCE) no lower than the baseline (default: the raw
+    (at 0.5) and AUC (by more than AUC_TOLERANCE) no lower than the baseline (default: the raw
     scores `p` themselves); temperature is the fallback since it never moves a row across
     0.5. `baseline` lets a category compare against the uncalibrated pack's score when `p`
     is already built from calibrated question scores."""
