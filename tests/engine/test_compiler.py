@@ -104,3 +104,22 @@ def test_floor_prefix_keeps_the_turn_open(tiny_checkpoint):
     assert full == empty + "hello there"  # only the content is gone, the turn is still open
     assistant = renderer.render_prefix(request.messages, "assistant", is_floor=True)
     assert assistant.startswith(empty) and len(assistant) > len(empty)
+
+
+def test_common_prefix_length_matches_a_token_by_token_scan():
+    import random
+
+    from engine.compiler import _common_prefix_length
+
+    def naive(sequences):
+        length = 0
+        while all(length < len(s) for s in sequences) and len({s[length] for s in sequences}) == 1:
+            length += 1
+        return length
+
+    rng = random.Random(0)
+    for _ in range(500):
+        head = [rng.randrange(5) for _ in range(rng.randrange(0, 40))]
+        sequences = [head[: rng.randrange(len(head) + 1)] + [rng.randrange(5) for _ in range(rng.randrange(0, 6))]
+                     for _ in range(rng.randrange(1, 5))]
+        assert _common_prefix_length(sequences) == naive(sequences), sequences
