@@ -1,6 +1,9 @@
-"""Decoders for extraction slots: from next-token distributions to answers (pure CPU logic).
+"""Decoders for extraction slots: from next-token distributions to answers.
 
-    DecodeState(live hypotheses) + dists [n_live, V] --decoder.step--> new live hypotheses, finished paths
+    live hypotheses --decoder.needs--> RowNeed per hypothesis: its k best tokens of which set,
+        END (grammar slots), the whole row (sampling)
+    log-probs [rows, V] on the model's device + needs --select--> Candidates per row on the host
+    Candidates --decoder.advance--> new live hypotheses, finished paths
     finished paths --answers--> [Answer(text, value, p)] sorted by p, residual
 
 BeamDecoder (mode "extract"), one step:
@@ -12,7 +15,13 @@ BeamDecoder (mode "extract"), one step:
   3. all proposals are ranked by log-probability (ties: hypothesis order, then token id)
      and the best `beam_width` are kept: finished ones leave the beam, the rest form it.
 GenerateDecoder (mode "generate") follows one path: greedy, or sampled with the slot's seed.
-The caller (engine/extraction.py) runs the model; this module never sees it.
+
+`select` is the only code that touches whole-vocabulary rows, and it runs where the rows are
+(the GPU after a decoding pass): it masks, takes each row's top k + 1 (k <= beam width) and
+the END log-mass, and returns only those to the host. A row's k best tokens are ranked by
+log-probability, ties by token id (as `argmax` and step 3 rank); a tie across the k-th
+place falls back to an exact pass over that row. The decoders' Python work is per
+candidate, never per vocabulary entry. The caller (engine/extraction.py) runs the model.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.slots import SlotSpec, SlotVocab, answer_value, is_complete, merge_key
+from engine.ops import SCORE_CHUNK
+from engine.slots import MONEY_SLOT, NUMBER_SLOT, SlotSpec, SlotVocab, answer_value, is_complete, merge_key
 
 END = -1  # the pseudo-token that closes a number / money answer
 
@@ -80,6 +90,113 @@ def start_state(spec: SlotSpec) -> DecodeState:
     return DecodeState(spec, [Hypothesis([], 0.0, "")], generator=generator)
 
 
+ALL = "all"  # RowNeed.tokens: every token (mode "generate")
+TEXT = "text"  # every token but the special ones ({*}, mode "extract"); a grammar slot names its kind
+
+
+@dataclass(slots=True)
+class RowNeed:
+    """What one live hypothesis needs from its next-token distribution."""
+
+    k: int  # its k best tokens of `tokens` (0: none)
+    tokens: str  # ALL | TEXT | NUMBER_SLOT | MONEY_SLOT (the grammar state's allowed tokens)
+    allowed: torch.Tensor | None = None  # grammar: bool [G] over vocab.grammar_ids(kind) (CPU)
+    end: bool = False  # grammar: the log of the mass of every token not allowed (END)
+    full: bool = False  # the whole row, float64 on the host (sampling)
+
+
+@dataclass(slots=True)
+class Candidates:
+    """One row's answer to its RowNeed, on the host."""
+
+    ids: list[int]  # at most k tokens, best first (log-prob desc, then id); -inf ones left out
+    logprobs: list[float]  # float32 log-probabilities, as Python floats
+    end: float | None = None  # log END mass (float64)
+    full: torch.Tensor | None = None  # [V] float64
+
+
+def select(logprobs: torch.Tensor, needs: list[RowNeed | None], vocab: SlotVocab) -> list[Candidates | None]:
+    """logprobs: [S, V] float32 log-softmax rows on any device; needs: one per row (None: a
+    padding row). Whole-vocabulary work stays on logprobs' device; the host gets [rows, k + 1]
+    values and ids, the END masses, and only the rows that asked for `full`."""
+    device = logprobs.device
+    tables = vocab.tables(device)
+    out = [None if need is None else Candidates([], []) for need in needs]
+    by_tokens: dict[str, list[int]] = {}
+    for row, need in enumerate(needs):
+        if need is not None and need.k > 0:
+            by_tokens.setdefault(need.tokens, []).append(row)
+    for tokens, rows in by_tokens.items():
+        index = torch.tensor(rows, device=device)
+        column_ids = None  # column -> token id (None: the column is the token)
+        if tokens in (ALL, TEXT):
+            values = logprobs.index_select(0, index)  # [n, V]
+            if tokens == TEXT:
+                values.index_fill_(1, tables.special, -math.inf)
+        else:
+            column_ids = tables.grammar[tokens]
+            values = logprobs[index[:, None], column_ids[None, :]]  # [n, G]
+            values.masked_fill_(~_allowed(needs, rows, device), -math.inf)
+        _top(values, column_ids, [needs[row].k for row in rows], [out[row] for row in rows])
+    for kind in (NUMBER_SLOT, MONEY_SLOT):
+        rows = [row for row, need in enumerate(needs) if need is not None and need.end and need.tokens == kind]
+        if rows:
+            rest = logprobs.index_select(0, torch.tensor(rows, device=device)).double()  # [n, V]
+            column_ids = tables.grammar[kind]
+            allowed = _allowed(needs, rows, device)
+            rest.index_copy_(1, column_ids, rest.index_select(1, column_ids).masked_fill_(allowed, -math.inf))
+            for row, mass in zip(rows, _row_logsumexp(rest).tolist(), strict=True):
+                out[row].end = mass
+    rows = [row for row, need in enumerate(needs) if need is not None and need.full]
+    if rows:
+        full = logprobs.index_select(0, torch.tensor(rows, device=device)).double().cpu()
+        for row, values in zip(rows, full, strict=True):
+            out[row].full = values
+    return out
+
+
+def _allowed(needs: list[RowNeed | None], rows: list[int], device: torch.device) -> torch.Tensor:
+    return torch.stack([needs[row].allowed for row in rows]).to(device)
+
+
+def _top(values: torch.Tensor, column_ids: torch.Tensor | None, ks: list[int], outs: list[Candidates]) -> None:
+    """values: [n, m] masked log-probs (-inf: not a candidate). Each row's k best, exactly."""
+    num_top = min(max(ks) + 1, values.shape[1])  # one more than asked: a tie at the k-th place shows
+    top_values, top_columns = values.topk(num_top, dim=1)
+    top_ids = top_columns if column_ids is None else column_ids[top_columns]
+    host_values, host_ids = top_values.cpu().tolist(), top_ids.cpu().tolist()
+    for row, (k, out) in enumerate(zip(ks, outs, strict=True)):
+        row_values, row_ids = host_values[row], host_ids[row]
+        if k < num_top and row_values[k - 1] == row_values[k] > -math.inf:
+            row_values, row_ids = _exact_top(values[row], column_ids, k, row_values[k - 1])
+        best = sorted((-value, token) for value, token in zip(row_values[:k], row_ids[:k]) if value > -math.inf)
+        out.ids = [token for _, token in best]
+        out.logprobs = [-value for value, _ in best]
+
+
+def _exact_top(row: torch.Tensor, column_ids: torch.Tensor | None, k: int, kth: float) -> tuple[list, list]:
+    """The k best of one row when several columns tie at the k-th value: every column above
+    it, then the tied ones in token order (columns are in token order)."""
+    above = (row > kth).nonzero()[:, 0]
+    tied = (row == kth).nonzero()[:, 0][: k - above.shape[0]]
+    columns = torch.cat((above, tied))
+    ids = columns if column_ids is None else column_ids[columns]
+    return row[columns].tolist(), ids.tolist()
+
+
+def _row_logsumexp(rows: torch.Tensor) -> torch.Tensor:
+    """[n, V] float64 -> [n] logsumexp per row, each independent of the others: one row at a
+    time on CPU; on CUDA on fixed SCORE_CHUNK-row blocks (the kernel's shape never changes)."""
+    if rows.device.type == "cpu":
+        return torch.stack([torch.logsumexp(row, 0) for row in rows]) if len(rows) else rows.new_empty(0)
+    num_rows = rows.shape[0]
+    padded = torch.zeros(-(-num_rows // SCORE_CHUNK) * SCORE_CHUNK, rows.shape[1], dtype=rows.dtype,
+                         device=rows.device)
+    padded[:num_rows] = rows
+    blocks = [torch.logsumexp(padded[start : start + SCORE_CHUNK], 1) for start in range(0, len(padded), SCORE_CHUNK)]
+    return torch.cat(blocks)[:num_rows].cpu()
+
+
 class BeamDecoder:
     """Mode "extract". `max_width` caps the width (1 = greedy: parity's negative control)."""
 
@@ -89,12 +206,31 @@ class BeamDecoder:
     def width(self, spec: SlotSpec) -> int:
         return spec.beam_width if self.max_width is None else min(spec.beam_width, self.max_width)
 
+    def needs(self, state: DecodeState, vocab: SlotVocab) -> list[RowNeed]:
+        """Per live hypothesis: its `width` best allowed tokens, and END where its number is complete."""
+        spec = state.spec
+        width = self.width(spec)
+        if not spec.is_grammar:
+            return [RowNeed(width, TEXT) for _ in state.live]
+        needs = []
+        for hyp in state.live:
+            allowed = vocab.allowed(spec.kind, hyp.text)
+            k = min(width, len(allowed)) if len(hyp.ids) < spec.max_tokens else 0
+            end = bool(hyp.ids) and is_complete(spec.kind, hyp.text)
+            mask = vocab.allowed_mask(spec.kind, hyp.text) if k or end else None
+            needs.append(RowNeed(k, spec.kind, mask, end))
+        return needs
+
     def step(self, state: DecodeState, dists: torch.Tensor, vocab: SlotVocab) -> None:
         """dists: [n_live, V] float32 log-probabilities of the next token, one row per live hypothesis."""
+        self.advance(state, select(dists, self.needs(state, vocab), vocab), vocab)
+
+    def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
+        """Steps 1-3 of the module docstring, from each live hypothesis's Candidates."""
         width = self.width(state.spec)
         proposals: list[_Proposal] = []
-        for index, (hyp, logprobs) in enumerate(zip(state.live, dists, strict=True)):
-            proposals += propose(state.spec, hyp, index, logprobs, width, vocab)
+        for index, (hyp, found) in enumerate(zip(state.live, candidates, strict=True)):
+            proposals += propose(state.spec, hyp, index, found, vocab)
         proposals.sort(key=lambda c: (-c.logprob, c.hyp_index, c.token))
         live = []
         for c in proposals[:width]:
@@ -105,33 +241,17 @@ class BeamDecoder:
         state.live = live
 
 
-def propose(spec: SlotSpec, hyp: Hypothesis, index: int, logprobs: torch.Tensor, width: int,
-            vocab: SlotVocab) -> list[_Proposal]:
+def propose(spec: SlotSpec, hyp: Hypothesis, index: int, found: Candidates, vocab: SlotVocab) -> list[_Proposal]:
     """The proposals of one hypothesis (steps 1-2 of the module docstring)."""
-    logprobs = logprobs.double()
+    pairs = zip(found.ids, found.logprobs, strict=True)
     if spec.is_grammar:
-        allowed = vocab.allowed(spec.kind, hyp.text)
-        out = []
-        if allowed and len(hyp.ids) < spec.max_tokens:
-            values, tokens = logprobs[allowed].topk(min(width, len(allowed)))
-            for value, position in zip(values.tolist(), tokens.tolist()):
-                if value == -math.inf:
-                    continue
-                token = allowed[position]
-                out.append(_Proposal(hyp.logprob + value, index, token, hyp.ids + [token],
-                                     hyp.text + vocab.texts[token], False))
-        if hyp.ids and is_complete(spec.kind, hyp.text):
-            rest = logprobs.clone()
-            rest[allowed] = -math.inf
-            out.append(_Proposal(hyp.logprob + torch.logsumexp(rest, 0).item(), index, END, hyp.ids, hyp.text, True))
+        out = [_Proposal(hyp.logprob + value, index, token, hyp.ids + [token], hyp.text + vocab.texts[token], False)
+               for token, value in pairs]
+        if found.end is not None:
+            out.append(_Proposal(hyp.logprob + found.end, index, END, hyp.ids, hyp.text, True))
         return out
-    masked = logprobs.clone()
-    masked[vocab.special_ids] = -math.inf
-    values, tokens = masked.topk(width)
     out = []
-    for value, token in zip(values.tolist(), tokens.tolist()):
-        if value == -math.inf:
-            continue
+    for token, value in pairs:
         ids = hyp.ids + [token]
         text = vocab.continuation_text(ids)
         cut = text.find(spec.tail)
@@ -146,16 +266,25 @@ class GenerateDecoder:
     """Mode "generate": one path, greedy (no seed) or sampled at `temperature` (seed).
     p is the model's own (untempered) probability of the text and of how it ended."""
 
+    def needs(self, state: DecodeState, vocab: SlotVocab) -> list[RowNeed]:
+        if state.generator is None:
+            return [RowNeed(1, ALL)]  # argmax: the best token, ties to the lowest id
+        return [RowNeed(0, ALL, full=True)]
+
     def step(self, state: DecodeState, dists: torch.Tensor, vocab: SlotVocab) -> None:
+        self.advance(state, select(dists, self.needs(state, vocab), vocab), vocab)
+
+    def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
         [hyp] = state.live
-        logprobs = dists[0].double()
+        [found] = candidates
         spec = state.spec
         if state.generator is None:
-            token = int(logprobs.argmax())
+            token, value = found.ids[0], found.logprobs[0]
         else:
-            weights = torch.softmax(logprobs / spec.temperature, dim=0)
+            weights = torch.softmax(found.full / spec.temperature, dim=0)
             token = int(torch.multinomial(weights, 1, generator=state.generator))
-        logprob = hyp.logprob + logprobs[token].item()
+            value = found.full[token].item()
+        logprob = hyp.logprob + value
         if token in vocab.special_set:
             state.finished.append(Finished(hyp.ids + [token], hyp.text, logprob, "stop"))
             state.live = []

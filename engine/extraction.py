@@ -3,7 +3,9 @@
     packed pass (RunnerOutput.slot_logprobs, .slot_kv) --Extraction.collect--> SlotJob per slot,
         first decoder step already taken from the read's distribution
     live SlotJobs --prepare_decode_batch--> DecodeBatch (one span per slot: its live
-        hypotheses' last tokens) --runner.decode--> [S, V] --decoder.step--> next hypotheses
+        hypotheses' last tokens; one RowNeed per row) --runner.decode--> log-probs [S, V] on
+        the device --decoder.select--> Candidates per row (k best, END) on the host
+        --decoder.advance--> next hypotheses
     finished SlotJobs --decoder.answers--> answers, residual (engine/responses.py)
 
 Every step serves all live slots of all requests together, in as few passes as the token
@@ -17,7 +19,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.decoder import BeamDecoder, DecodeState, GenerateDecoder, decoder_for, start_state
+from engine.decoder import (
+    BeamDecoder,
+    Candidates,
+    DecodeState,
+    GenerateDecoder,
+    RowNeed,
+    decoder_for,
+    select,
+    start_state,
+)
 from engine.kv_cache import DecodeMetadata, DecodeSpan, SlotKV, decode_mask
 from engine.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.packer import PAD_TOKEN_ID, PackedBatch, padded
@@ -48,6 +59,12 @@ class DecodeBatch:
     positions: torch.Tensor  # [T] long
     decode: DecodeMetadata  # one span per job
     scored_index: torch.Tensor  # [S] long: every span row (S a multiple of SCORE_CHUNK)
+    needs: list[RowNeed | None]  # [S] what each row's hypothesis needs (None: padding)
+    vocab: SlotVocab
+
+    def select(self, logprobs: torch.Tensor) -> list[Candidates | None]:
+        """The runner's [S, V] log-probs (on its device) -> each row's Candidates on the host."""
+        return select(logprobs, self.needs, self.vocab)
 
 
 @dataclass(slots=True)
@@ -58,16 +75,25 @@ class Extraction:
 
     def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
         """Start a job for every slot read in this pass; take its first step from the read."""
+        jobs: dict[int, SlotJob] = {}  # row of output.slot_logprobs -> its slot's job
         for packed in batch.trees:
             request_index = packed.owner.request_index
             for offset, branch_index in enumerate(packed.tree.slot_branch):
                 slot = packed.slot_start + offset
                 branch = packed.tree.branches[branch_index]
-                state = start_state(branch.slot)
-                job = SlotJob(request_index, branch.query_index, branch.combination_index, branch.slot,
-                              branch.branch_point, output.slot_kv[slot], state, decoder_for(branch.slot, self.beam))
-                job.decoder.step(state, output.slot_logprobs[slot : slot + 1], self.vocab_fn())
-                self.jobs.append(job)
+                jobs[slot] = SlotJob(request_index, branch.query_index, branch.combination_index, branch.slot,
+                                     branch.branch_point, output.slot_kv[slot], start_state(branch.slot),
+                                     decoder_for(branch.slot, self.beam))
+        if not jobs:
+            return
+        vocab = self.vocab_fn()
+        needs: list[RowNeed | None] = [None] * output.slot_logprobs.shape[0]
+        for slot, job in jobs.items():
+            [needs[slot]] = job.decoder.needs(job.state, vocab)
+        candidates = select(output.slot_logprobs, needs, vocab)
+        for slot, job in jobs.items():
+            job.decoder.advance(job.state, [candidates[slot]], vocab)
+            self.jobs.append(job)
 
     def run(self, runner, max_num_rows: int) -> None:
         """Decoding passes until every slot is finished."""
@@ -77,21 +103,21 @@ class Extraction:
             if not live:
                 return
             for group in _groups(live, max_num_rows):
-                batch = prepare_decode_batch(group)
-                logprobs = runner.decode(batch)
+                batch = prepare_decode_batch(group, vocab)
+                candidates = runner.decode(batch)
                 for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
                     job.pass_ids.add(runner.num_passes)
-                    _advance(job, span, logprobs[span.start : span.start + span.num_real], vocab)
+                    _advance(job, span, candidates[span.start : span.start + span.num_real], vocab)
 
 
-def _advance(job: SlotJob, span: DecodeSpan, logprobs: torch.Tensor, vocab: SlotVocab) -> None:
+def _advance(job: SlotJob, span: DecodeSpan, candidates: list[Candidates], vocab: SlotVocab) -> None:
     """The pass appended the new rows' K/V; record them, then let the decoder choose."""
     first_row = job.kv.num_rows
     job.kv.positions = torch.cat((job.kv.positions, span.positions[: span.num_real]))
     for row, hyp in enumerate(job.state.live):
         hyp.rows.append(first_row + row)
     job.num_decoded_tokens += span.num_real
-    job.decoder.step(job.state, logprobs, vocab)
+    job.decoder.advance(job.state, candidates, vocab)
 
 
 def _groups(jobs: list[SlotJob], max_num_rows: int) -> list[list[SlotJob]]:
@@ -107,16 +133,18 @@ def _groups(jobs: list[SlotJob], max_num_rows: int) -> list[list[SlotJob]]:
     return groups
 
 
-def prepare_decode_batch(jobs: list[SlotJob]) -> DecodeBatch:
+def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab) -> DecodeBatch:
     input_ids: list[int] = []
     positions: list[int] = []
     spans: list[DecodeSpan] = []
+    needs: list[RowNeed | None] = []
     for job in jobs:
         live = job.state.live
         start, num_rows = len(input_ids), padded(len(live), SCORE_CHUNK)
         num_pad = num_rows - len(live)
         new_positions = [job.num_prompt_tokens + len(hyp.ids) - 1 for hyp in live] + [0] * num_pad
         input_ids += [hyp.ids[-1] for hyp in live] + [PAD_TOKEN_ID] * num_pad
+        needs += job.decoder.needs(job.state, vocab) + [None] * num_pad
         positions += new_positions
         new = torch.tensor(new_positions, dtype=torch.long)
         mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
@@ -129,4 +157,6 @@ def prepare_decode_batch(jobs: list[SlotJob]) -> DecodeBatch:
         positions=torch.tensor(positions + [0] * num_pad, dtype=torch.long),
         decode=DecodeMetadata(spans),
         scored_index=torch.arange(num_scored),
+        needs=needs,
+        vocab=vocab,
     )

@@ -33,10 +33,6 @@ class SlotKV:
     def num_rows(self) -> int:
         return int(self.positions.shape[0])
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.keys[layer] = torch.cat((self.keys[layer], k))
-        self.values[layer] = torch.cat((self.values[layer], v))
-
 
 @dataclass(slots=True)
 class KVCapture:
@@ -71,6 +67,20 @@ class DecodeSpan:
     mask: torch.Tensor  # [num_rows, L + num_rows] bool over (slot rows so far, then the new rows)
     key_positions: torch.Tensor  # [L + num_rows] long, for sliding windows
     positions: torch.Tensor  # [num_rows] long positions of the new rows
+    _masks: dict = field(default_factory=dict, repr=False)  # (window, device) -> the mask there
+
+    def attention_mask(self, sliding_window: int | None, device: torch.device) -> torch.Tensor:
+        """`mask`, narrowed to keys less than `sliding_window` positions back, on `device`: made
+        once per pass (not once per layer), copied without blocking the host on CUDA."""
+        key = (sliding_window, device)
+        if key not in self._masks:
+            mask = self.mask
+            if sliding_window is not None:
+                mask = mask & (self.positions[:, None] - self.key_positions[None, :] < sliding_window)
+            if device.type == "cuda":
+                mask = mask.pin_memory().to(device, non_blocking=True)
+            self._masks[key] = mask.to(device)
+        return self._masks[key]
 
 
 @dataclass(slots=True)
@@ -94,13 +104,11 @@ def decode_attention(
         rows = slice(span.start, span.start + span.num_rows)
         keys = torch.cat((span.kv.keys[layer], k[rows]))
         values = torch.cat((span.kv.values[layer], v[rows]))
-        mask = span.mask.to(q.device)
-        if sliding_window is not None:
-            distance = span.positions[:, None] - span.key_positions[None, :]
-            mask = mask & (distance < sliding_window).to(q.device)
+        mask = span.attention_mask(sliding_window, q.device)
         out[rows] = sdpa(q[rows], keys, values, mask, scale)
-        real = slice(span.start, span.start + span.num_real)
-        span.kv.append(layer, k[real], v[real])
+        # the live rows' K/V join the slot: a view of what was just attended over (no second copy)
+        num_kept = span.kv.keys[layer].shape[0] + span.num_real
+        span.kv.keys[layer], span.kv.values[layer] = keys[:num_kept], values[:num_kept]
     return out
 
 

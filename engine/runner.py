@@ -111,8 +111,11 @@ class ModelRunner:
         return _Launched(output, _record_event(self.device))
 
     @torch.inference_mode()
-    def decode(self, batch) -> torch.Tensor:
-        """One decoding pass (engine/extraction.DecodeBatch) -> [S, V] float32 log-probs on CPU."""
+    def decode(self, batch) -> list:
+        """One decoding pass (engine/extraction.DecodeBatch) -> per scored row, the Candidates
+        its hypothesis asked for (None for padding). The log-softmax ([S, V], SCORE_CHUNK-row
+        blocks), the masks and the top-k stay on the device: only [S, k] log-probs and ids,
+        END masses and sampled rows reach the host (engine/decoder.select)."""
         logits = self.model(
             batch.input_ids.to(self.device),
             batch.positions.to(self.device),
@@ -120,7 +123,11 @@ class ModelRunner:
             batch.scored_index.to(self.device),
         )  # [S, V] float32
         self.num_passes += 1
-        return chunked_log_softmax(logits).cpu()
+        logprobs = logits.float()  # log-softmax in place, SCORE_CHUNK rows at a time (no second [S, V])
+        for start in range(0, logprobs.shape[0], SCORE_CHUNK):
+            rows = slice(start, start + SCORE_CHUNK)
+            logprobs[rows] = torch.log_softmax(logprobs[rows], dim=-1)
+        return batch.select(logprobs)
 
     def prepare_attention(self, meta: AttentionMetadata) -> AttentionMetadata:
         """CPU: the span masks as they are. CUDA: a flex_attention block mask built from them."""

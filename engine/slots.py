@@ -8,7 +8,8 @@
 grammars: a continuation may only use tokens that keep its text a prefix of a number (or an
 amount with its currency), and it ends when the model writes anything else (that mass is
 the answer's closing probability). Grammar prefixes are checked with the `regex` module's
-partial matching (a transformers dependency). Pure CPU, no model here.
+partial matching (a transformers dependency). No model here; `SlotVocab.tables` puts the
+token sets on the model's device once, for engine/decoder.select.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import regex
+import torch
 
 from engine.prompts import PromptError
 from spinf_jobs.protocol import Query
@@ -76,7 +78,8 @@ class SlotVocab:
     anchor_ids: list[int]  # decode(anchor + ids) minus decode(anchor): context-true text
     anchor_text: str
     tokenizer: object = field(repr=False)
-    _allowed: dict[tuple[str, str], list[int]] = field(default_factory=dict, repr=False)
+    _allowed: dict[tuple[str, str], tuple[list[int], torch.Tensor]] = field(default_factory=dict, repr=False)
+    _tables: dict[torch.device, VocabTables] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def build(tokenizer, vocab_size: int) -> SlotVocab:
@@ -102,12 +105,34 @@ class SlotVocab:
 
     def allowed(self, kind: str, text: str) -> list[int]:
         """Tokens that keep `text` a prefix of the slot's grammar (cached: beams share states)."""
+        return self._grammar_state(kind, text)[0]
+
+    def allowed_mask(self, kind: str, text: str) -> torch.Tensor:
+        """The same tokens as a bool [G] mask over `grammar_ids(kind)` (CPU; cached)."""
+        return self._grammar_state(kind, text)[1]
+
+    def _grammar_state(self, kind: str, text: str) -> tuple[list[int], torch.Tensor]:
         key = (kind, text)
         if key not in self._allowed:
             if len(self._allowed) >= MAX_NUM_CACHED_STATES:
                 self._allowed.clear()
-            self._allowed[key] = [i for i in self.grammar_ids(kind) if is_prefix(kind, text + self.texts[i])]
+            flags = [is_prefix(kind, text + self.texts[i]) for i in self.grammar_ids(kind)]
+            allowed = [i for i, flag in zip(self.grammar_ids(kind), flags, strict=True) if flag]
+            self._allowed[key] = (allowed, torch.tensor(flags, dtype=torch.bool))
         return self._allowed[key]
+
+    def tables(self, device: torch.device) -> VocabTables:
+        """The token sets the decoders mask with, as index tensors on `device` (made once per device)."""
+        device = torch.device(device)
+        if device not in self._tables:
+            def ids(values: list[int]) -> torch.Tensor:
+                return torch.tensor(values, dtype=torch.long, device=device)
+
+            self._tables[device] = VocabTables(
+                special=ids(self.special_ids),
+                grammar={NUMBER_SLOT: ids(self.number_ids), MONEY_SLOT: ids(self.money_ids)},
+            )
+        return self._tables[device]
 
     def check_serves(self, kind: str) -> None:
         """A number or money slot needs every digit as a token of its own or inside one."""
@@ -120,6 +145,14 @@ class SlotVocab:
                 f"this model's tokenizer cannot write the digits {sorted(set('0123456789') - digits)},"
                 " so it cannot serve a number or money slot; use {*}",
             )
+
+
+@dataclass(frozen=True, slots=True)
+class VocabTables:
+    """SlotVocab's token sets on one device: what candidate selection masks with."""
+
+    special: torch.Tensor  # [n_special] long: never in a {*} answer of mode "extract"
+    grammar: dict[str, torch.Tensor]  # kind -> [G] long: the tokens a number / money answer may use
 
 
 def _is_money_piece(text: str) -> bool:

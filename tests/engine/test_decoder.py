@@ -122,3 +122,68 @@ def test_generate_sampling_is_reproducible_by_seed(vocab):
     assert runs == again and len(set(runs)) > 1
     assert all(decode(vocab, spec(mode="generate", tail="", max_tokens=3, seed=s), lm)[0][0].finish_reason
                == "length" for s in range(2))
+
+
+# Candidate selection (engine/decoder.select): what the decoders get instead of whole rows.
+
+from engine.decoder import ALL, TEXT, RowNeed, select  # noqa: E402
+
+
+def _old_top(logprobs: torch.Tensor, width: int, allowed: list[int] | None = None) -> list[tuple[float, int]]:
+    """The k best the way the decoder took them before selection moved to the device: topk over
+    the (double) row or its allowed subset, -inf dropped; ranked (log-prob desc, token id)."""
+    row = logprobs.double()
+    if allowed is None:
+        values, tokens = row.topk(width)
+        pairs = zip(values.tolist(), tokens.tolist())
+    else:
+        values, positions = row[allowed].topk(min(width, len(allowed)))
+        pairs = ((v, allowed[p]) for v, p in zip(values.tolist(), positions.tolist()))
+    return sorted(((v, t) for v, t in pairs if v != -math.inf), key=lambda p: (-p[0], p[1]))
+
+
+def test_select_matches_whole_row_topk_and_end_mass(vocab):
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.log_softmax(torch.randn(6, len(vocab.texts), generator=generator) * 3, dim=-1)
+    texts = {3: " 12.", 4: "$1", 5: " 1,"}  # the grammar rows' answers so far
+    needs = [RowNeed(5, TEXT), RowNeed(1, ALL), None]
+    needs += [RowNeed(5, "n", vocab.allowed_mask("n", " 12."), end=True),
+              RowNeed(7, "$", vocab.allowed_mask("$", "$1"), end=True),
+              RowNeed(3, "$", vocab.allowed_mask("$", " 1,"), end=False)]
+    found = select(rows, needs, vocab)
+    assert found[2] is None
+    masked = rows[0].clone()
+    masked[vocab.special_ids] = -math.inf
+    assert list(zip(found[0].logprobs, found[0].ids)) == _old_top(masked, 5)
+    assert found[1].ids == [int(rows[1].double().argmax())]
+    for row, kind, k in ((3, "n", 5), (4, "$", 7), (5, "$", 3)):
+        allowed = vocab.allowed(kind, texts[row])
+        assert list(zip(found[row].logprobs, found[row].ids)) == _old_top(rows[row], k, allowed)
+    for row, kind in ((3, "n"), (4, "$")):
+        rest = rows[row].double().clone()
+        rest[vocab.allowed(kind, texts[row])] = -math.inf
+        assert found[row].end == torch.logsumexp(rest, 0).item()  # bit-identical to the whole-row formula
+    assert found[5].end is None
+
+
+def test_select_breaks_ties_at_the_kth_place_by_token_id(vocab):
+    logprobs = torch.full((2, len(vocab.texts)), -30.0)
+    logprobs[:, [9000, 4000, 7000, 500, 12000]] = torch.tensor([-1.0, -2.0, -2.0, -2.0, -2.0])
+    logprobs = torch.log_softmax(logprobs, dim=-1)
+    found = select(logprobs, [RowNeed(3, ALL), RowNeed(5, ALL)], vocab)
+    assert found[0].ids == [9000, 500, 4000]  # four tie for second place: the lowest ids win
+    assert found[1].ids == [9000, 500, 4000, 7000, 12000]
+
+
+def test_select_gives_each_row_what_it_would_get_alone(vocab):
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.log_softmax(torch.randn(5, len(vocab.texts), generator=generator) * 3, dim=-1)
+    needs = [RowNeed(5, TEXT), RowNeed(2, TEXT), RowNeed(4, "n", vocab.allowed_mask("n", " 1"), end=True),
+             RowNeed(0, ALL, full=True), RowNeed(1, ALL)]
+    together = select(rows, needs, vocab)
+    for row, need in enumerate(needs):
+        [alone] = select(rows[row : row + 1], [need], vocab)
+        assert alone.ids == together[row].ids and alone.logprobs == together[row].logprobs
+        assert alone.end == together[row].end
+        assert (alone.full is None) == (together[row].full is None)
+    assert torch.equal(together[3].full, rows[3].double())

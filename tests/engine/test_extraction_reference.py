@@ -1,0 +1,200 @@
+"""Slot answers are bit-identical to the decoding as it was before candidate selection moved
+to the device: a slow reference path kept here (whole [rows, V] log-softmax rows on the host,
+the decoder's per-hypothesis topk / logsumexp over them, the decode attention that moved its
+masks to the device every layer and appended K/V with a second copy). Tiny random qwen3
+(sliding layers, 152k vocabulary) and gemma3_text (262k vocabulary, softcapping)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import engine.engine as engine_module
+import engine.kv_cache as kv_cache
+from engine.attention import AttentionMetadata, sdpa
+from engine.decoder import END, DecodeState, Finished, Hypothesis, _Proposal, decoder_for, start_state
+from engine.floors import FloorCache
+from engine.extraction import Extraction, SlotJob, _groups, prepare_decode_batch
+from engine.runner import chunked_log_softmax
+from engine.slots import is_complete
+from spinf_jobs.protocol import ScoringRequest
+
+CONTENTS = [
+    "Hi, this is Maria Lopez. I ordered 3 blue kettles and was charged $89.97 twice in September.",
+    "Invoice 2291 from Northwind Supplies: 12 boxes of paper, total due EUR 240.00 by March 15.",
+]
+QUERIES = [
+    {"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]},
+    {"id": "name", "template": "\n\nQ: Who wrote this?\nA: \"{*}\"", "max_tokens": 4},
+    {"id": "line", "template": "\n\nThe product:{*}\n", "max_tokens": 4, "beam_width": 9},
+    {"id": "count", "template": "\n\nQ: How many?\nA:{n}", "max_tokens": 5, "beam_width": 7},
+    {"id": "amount", "template": "\n\nQ: What amount?\nA:{$}", "max_tokens": 5, "beam_width": 12},
+    {"id": "greedy", "template": "\n\nA: \"{*}\"", "mode": "generate", "max_tokens": 5},
+    {"id": "sampled", "template": "\n\nA: \"{*}\"", "mode": "generate", "max_tokens": 5, "seed": 3,
+     "temperature": 1.5},
+    {"id": "narrow", "template": "\n\nA: \"{*}\"", "beam_width": 1, "max_tokens": 4},
+]
+
+
+# ---- the reference: the code before candidate selection ----------------------------------
+
+def _old_propose(spec, hyp, index, logprobs, width, vocab):
+    logprobs = logprobs.double()
+    if spec.is_grammar:
+        allowed = vocab.allowed(spec.kind, hyp.text)
+        out = []
+        if allowed and len(hyp.ids) < spec.max_tokens:
+            values, tokens = logprobs[allowed].topk(min(width, len(allowed)))
+            for value, position in zip(values.tolist(), tokens.tolist()):
+                if value == -math.inf:
+                    continue
+                token = allowed[position]
+                out.append(_Proposal(hyp.logprob + value, index, token, hyp.ids + [token],
+                                     hyp.text + vocab.texts[token], False))
+        if hyp.ids and is_complete(spec.kind, hyp.text):
+            rest = logprobs.clone()
+            rest[allowed] = -math.inf
+            out.append(_Proposal(hyp.logprob + torch.logsumexp(rest, 0).item(), index, END, hyp.ids, hyp.text, True))
+        return out
+    masked = logprobs.clone()
+    masked[vocab.special_ids] = -math.inf
+    values, tokens = masked.topk(width)
+    out = []
+    for value, token in zip(values.tolist(), tokens.tolist()):
+        if value == -math.inf:
+            continue
+        ids = hyp.ids + [token]
+        text = vocab.continuation_text(ids)
+        cut = text.find(spec.tail)
+        if cut >= 0:
+            out.append(_Proposal(hyp.logprob + value, index, token, ids, text[:cut], True))
+        elif len(ids) < spec.max_tokens:
+            out.append(_Proposal(hyp.logprob + value, index, token, ids, text, False))
+    return out
+
+
+def _old_beam_step(state: DecodeState, dists: torch.Tensor, vocab, width: int) -> None:
+    proposals = []
+    for index, (hyp, logprobs) in enumerate(zip(state.live, dists, strict=True)):
+        proposals += _old_propose(state.spec, hyp, index, logprobs, width, vocab)
+    proposals.sort(key=lambda c: (-c.logprob, c.hyp_index, c.token))
+    live = []
+    for c in proposals[:width]:
+        if c.is_finished:
+            state.finished.append(Finished(c.ids, c.text, c.logprob))
+        else:
+            live.append(Hypothesis(c.ids, c.logprob, c.text, list(state.live[c.hyp_index].rows)))
+    state.live = live
+
+
+def _old_generate_step(state: DecodeState, dists: torch.Tensor, vocab) -> None:
+    [hyp] = state.live
+    logprobs = dists[0].double()
+    spec = state.spec
+    if state.generator is None:
+        token = int(logprobs.argmax())
+    else:
+        weights = torch.softmax(logprobs / spec.temperature, dim=0)
+        token = int(torch.multinomial(weights, 1, generator=state.generator))
+    logprob = hyp.logprob + logprobs[token].item()
+    if token in vocab.special_set:
+        state.finished.append(Finished(hyp.ids + [token], hyp.text, logprob, "stop"))
+        state.live = []
+        return
+    ids = hyp.ids + [token]
+    text = vocab.continuation_text(ids)
+    cut = text.find(spec.tail) if spec.tail else -1
+    if cut >= 0:
+        state.finished.append(Finished(ids, text[:cut], logprob, "stop"))
+    elif len(ids) >= spec.max_tokens:
+        state.finished.append(Finished(ids, text, logprob, "length"))
+    else:
+        state.live = [Hypothesis(ids, logprob, text, list(hyp.rows))]
+        return
+    state.live = []
+
+
+def _old_step(job: SlotJob, dists: torch.Tensor, vocab, beam) -> None:
+    if job.spec.mode == "generate":
+        _old_generate_step(job.state, dists, vocab)
+    else:
+        _old_beam_step(job.state, dists, vocab, beam.width(job.spec))
+
+
+def _old_decode_attention(q, k, v, meta, layer, scale, sliding_window=None):
+    out = torch.zeros_like(q)
+    for span in meta.spans:
+        rows = slice(span.start, span.start + span.num_rows)
+        keys = torch.cat((span.kv.keys[layer], k[rows]))
+        values = torch.cat((span.kv.values[layer], v[rows]))
+        mask = span.mask.to(q.device)
+        if sliding_window is not None:
+            distance = span.positions[:, None] - span.key_positions[None, :]
+            mask = mask & (distance < sliding_window).to(q.device)
+        out[rows] = sdpa(q[rows], keys, values, mask, scale)
+        real = slice(span.start, span.start + span.num_real)
+        span.kv.keys[layer] = torch.cat((span.kv.keys[layer], k[real]))
+        span.kv.values[layer] = torch.cat((span.kv.values[layer], v[real]))
+    return out
+
+
+class _OldExtraction(Extraction):
+    """Extraction as it was: the runner returned whole [S, V] rows to the host."""
+
+    def collect(self, batch, output) -> None:
+        for packed in batch.trees:
+            for offset, branch_index in enumerate(packed.tree.slot_branch):
+                slot = packed.slot_start + offset
+                branch = packed.tree.branches[branch_index]
+                job = SlotJob(packed.owner.request_index, branch.query_index, branch.combination_index, branch.slot,
+                              branch.branch_point, output.slot_kv[slot], start_state(branch.slot),
+                              decoder_for(branch.slot, self.beam))  # only for prepare_decode_batch
+                _old_step(job, output.slot_logprobs[slot : slot + 1], self.vocab_fn(), self.beam)
+                self.jobs.append(job)
+
+    @torch.inference_mode()
+    def run(self, runner, max_num_rows: int) -> None:
+        vocab = self.vocab_fn() if self.jobs else None
+        while True:
+            live = [job for job in self.jobs if not job.state.is_done]
+            if not live:
+                return
+            for group in _groups(live, max_num_rows):
+                batch = prepare_decode_batch(group, vocab)
+                attention = AttentionMetadata(spans=[], decode=batch.decode)
+                logits = runner.model(batch.input_ids, batch.positions, attention, batch.scored_index)
+                runner.num_passes += 1
+                logprobs = chunked_log_softmax(logits)
+                for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
+                    job.pass_ids.add(runner.num_passes)
+                    first_row = job.kv.num_rows
+                    job.kv.positions = torch.cat((job.kv.positions, span.positions[: span.num_real]))
+                    for row, hyp in enumerate(job.state.live):
+                        hyp.rows.append(first_row + row)
+                    job.num_decoded_tokens += span.num_real
+                    _old_step(job, logprobs[span.start : span.start + span.num_real], vocab, self.beam)
+
+
+# ---- the comparison ------------------------------------------------------------------------
+
+def _requests() -> list[ScoringRequest]:
+    return [ScoringRequest.model_validate({"messages": [{"role": "user", "content": c}],
+                                           "scoring": {"queries": QUERIES}}) for c in CONTENTS]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_slot_answers_bit_identical_to_the_whole_row_decoder(tiny_engine, monkeypatch, family):
+    engine = tiny_engine(family)
+    requests = _requests()
+    engine.floors = FloorCache(engine.config.floor_cache_size)  # both runs compute their floor
+    new = engine.score_batch(requests).results
+    engine.floors = FloorCache(engine.config.floor_cache_size)
+    with monkeypatch.context() as patch:
+        patch.setattr(engine_module, "Extraction", _OldExtraction)
+        patch.setattr(kv_cache, "decode_attention", _old_decode_attention)
+        old = engine.score_batch(requests).results
+    answers = [a for r in new for q in r.results for c in q.combinations for a in (c.answers or [])]
+    assert len(answers) >= 40 and len({a.text for a in answers}) > 10
+    assert [r.model_dump() for r in new] == [r.model_dump() for r in old]  # every p, residual and usage
