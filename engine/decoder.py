@@ -15,6 +15,8 @@ BeamDecoder (mode "extract"), one step:
   3. all proposals are ranked by log-probability (ties: hypothesis order, then token id)
      and the best `beam_width` are kept: finished ones leave the beam, the rest form it.
 GenerateDecoder (mode "generate") follows one path: greedy, or sampled with the slot's seed.
+ForcedDecoder searches nothing: it reads given paths' probabilities under another prompt
+(a slot's floor, engine/extraction.py).
 
 `select` is the only code that touches whole-vocabulary rows, and it runs where the rows are
 (the GPU after a decoding pass): it masks, takes each row's top k + 1 (k <= beam width) and
@@ -71,6 +73,7 @@ class Answer:
     value: object
     p: float
     finish_reason: str | None = None
+    paths: list[Finished] = field(default_factory=list)  # the finished paths merged into it, best first
 
 
 @dataclass(slots=True)
@@ -103,6 +106,7 @@ class RowNeed:
     allowed: torch.Tensor | None = None  # grammar: bool [G] over vocab.grammar_ids(kind) (CPU)
     end: bool = False  # grammar: the log of the mass of every token not allowed (END)
     full: bool = False  # the whole row, float64 on the host (sampling)
+    gather: list[int] | None = None  # the log-probabilities of these tokens (ForcedDecoder)
 
 
 @dataclass(slots=True)
@@ -113,6 +117,7 @@ class Candidates:
     logprobs: list[float]  # float32 log-probabilities, as Python floats
     end: float | None = None  # log END mass (float64)
     full: torch.Tensor | None = None  # [V] float64
+    gathered: list[float] = field(default_factory=list)  # log-probs of RowNeed.gather's tokens
 
 
 def select(logprobs: torch.Tensor, needs: list[RowNeed | None], vocab: SlotVocab) -> list[Candidates | None]:
@@ -152,6 +157,13 @@ def select(logprobs: torch.Tensor, needs: list[RowNeed | None], vocab: SlotVocab
         full = logprobs.index_select(0, torch.tensor(rows, device=device)).double().cpu()
         for row, values in zip(rows, full, strict=True):
             out[row].full = values
+    rows = [row for row, need in enumerate(needs) if need is not None and need.gather]
+    if rows:
+        row_index = torch.tensor([row for row in rows for _ in needs[row].gather], device=device)
+        token_index = torch.tensor([token for row in rows for token in needs[row].gather], device=device)
+        values = iter(logprobs[row_index, token_index].cpu().tolist())
+        for row in rows:
+            out[row].gathered = [next(values) for _ in needs[row].gather]
     return out
 
 
@@ -302,6 +314,60 @@ class GenerateDecoder:
         state.live = []
 
 
+class ForcedDecoder:
+    """Reads the probability of given paths under another prompt (the slot floor,
+    engine/extraction.py): no search. A live hypothesis is a prefix shared by some paths;
+    its step reads the log-probabilities of the paths' next tokens and, where a grammar path
+    ends, END (the mass of every token its grammar state does not allow), as the beam did.
+    A path's log-probability lands in `logprobs` when its last token (or END) is read."""
+
+    def __init__(self, paths: list[tuple[int, ...]]) -> None:
+        self.paths = set(paths)
+        self.prefixes = {path[:length] for path in self.paths for length in range(len(path))}  # proper prefixes
+        self.logprobs: dict[tuple[int, ...], float] = {}
+
+    def needs(self, state: DecodeState, vocab: SlotVocab) -> list[RowNeed]:
+        spec = state.spec
+        needs = []
+        for hyp in state.live:
+            prefix = tuple(hyp.ids)
+            following = sorted({path[len(prefix)] for path in self.paths
+                                if len(path) > len(prefix) and path[: len(prefix)] == prefix})
+            end = spec.is_grammar and prefix in self.paths
+            mask = vocab.allowed_mask(spec.kind, hyp.text) if end else None
+            needs.append(RowNeed(0, spec.kind if spec.is_grammar else ALL, mask, end, gather=following))
+        return needs
+
+    def step(self, state: DecodeState, dists: torch.Tensor, vocab: SlotVocab) -> None:
+        self.advance(state, select(dists, self.needs(state, vocab), vocab), vocab)
+
+    def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
+        spec = state.spec
+        needs = self.needs(state, vocab)
+        live = []
+        for hyp, need, found in zip(state.live, needs, candidates, strict=True):
+            prefix = tuple(hyp.ids)
+            if found.end is not None:
+                self.logprobs[prefix] = hyp.logprob + found.end
+            for token, value in zip(need.gather, found.gathered, strict=True):
+                ids = prefix + (token,)
+                logprob = hyp.logprob + value
+                if ids in self.paths and not spec.is_grammar:
+                    self.logprobs[ids] = logprob
+                if ids in self.prefixes or (spec.is_grammar and ids in self.paths):  # needs another distribution
+                    text = hyp.text + vocab.texts[token] if spec.is_grammar else ""
+                    live.append(Hypothesis(list(ids), logprob, text, list(hyp.rows)))
+        state.live = live
+
+
+def floor_p(answer: Answer, floor_logprobs: dict[tuple[int, ...], float] | None) -> float | None:
+    """An answer's floor: the sum over its paths of each path's probability under the floor
+    prompt (None: the slot did not ask for floors)."""
+    if floor_logprobs is None:
+        return None
+    return sum(math.exp(floor_logprobs[tuple(path.ids)]) for path in answer.paths)
+
+
 def answers(state: DecodeState) -> tuple[list[Answer], float]:
     """Finished paths merged by value ({*}: text), p summed, sorted by p; at most beam_width
     answers (one in generate mode); residual = max(0, 1 - sum of the listed answers' p)."""
@@ -314,6 +380,7 @@ def answers(state: DecodeState) -> tuple[list[Answer], float]:
             groups[key].p += math.exp(path.logprob)
         else:
             groups[key] = Answer(path.text, value, math.exp(path.logprob), path.finish_reason)
+        groups[key].paths.append(path)
     ranked = sorted(groups.values(), key=lambda a: (-a.p, a.text))
     listed = ranked[: spec.beam_width if spec.mode == "extract" else 1]
     return listed, max(0.0, 1.0 - sum(a.p for a in listed))

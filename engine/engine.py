@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import partial
 
 import orjson
 import torch
@@ -39,6 +40,7 @@ from engine.slots import SlotVocab
 from engine.tree import build_tree
 from spinf_jobs.packs import PackRegistry
 from spinf_jobs.protocol import ScoringRequest, ScoringResponse
+from spinf_jobs.templates import parse_template
 
 ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
 # the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
@@ -124,7 +126,7 @@ class Engine:
         compiled = [self._compiled(request) for request in requests]
         self._counted.clear()
         builder = ResponseBuilder(self, compiled)
-        extraction = Extraction(self.slot_vocab, self.beam)
+        extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), self.mask_fn)
         batches = pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn)
         for batch, output in self.runner.run_all(batches):
             builder.collect(batch, output)
@@ -139,6 +141,14 @@ class Engine:
             vocab_size = self.runner.model.lm_head_weight.shape[0]
             self._slot_vocab = SlotVocab.build(self.tokenizer, vocab_size)
         return self._slot_vocab
+
+    def _slot_floor_prompt(self, compiled: list[CompiledRequest], job) -> list[int]:
+        """A `floor` slot's prompt with user contents emptied, as floors are for {?}: its tokens."""
+        request = compiled[job.request_index].request
+        query = request.scoring.queries[job.query_index]
+        prefix = self.renderer.render_prefix(request.messages, query.answer_in, is_floor=True)
+        [ids] = self.tokenize.continuations(prefix, [parse_template(query.template).fill(job.values)])
+        return ids
 
     @property
     def packs(self) -> PackRegistry:

@@ -7,6 +7,8 @@
         the device --decoder.select--> Candidates per row (k best, END) on the host
         --decoder.advance--> next hypotheses
     finished SlotJobs --decoder.answers--> answers, residual (engine/responses.py)
+    slots asking `floor`: floor prompt (user contents emptied) read as a slot of its own tree
+        --ForcedDecoder over the listed answers' paths--> each path's floor log-probability
 
 Every step serves all live slots of all requests together, in as few passes as the token
 budget allows. A slot's rows start at a multiple of SCORE_CHUNK and attend only to its own
@@ -19,21 +21,26 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.compiler import slot_branch
 from engine.decoder import (
     BeamDecoder,
     Candidates,
     DecodeState,
+    ForcedDecoder,
     GenerateDecoder,
+    Hypothesis,
     RowNeed,
+    answers,
     decoder_for,
     select,
     start_state,
 )
 from engine.kv_cache import DecodeMetadata, DecodeSpan, SlotKV, decode_mask
 from engine.ops import ROW_CHUNK, SCORE_CHUNK
-from engine.packer import PAD_TOKEN_ID, PackedBatch, padded
+from engine.packer import PAD_TOKEN_ID, PackedBatch, pack_trees, padded
 from engine.runner import RunnerOutput
 from engine.slots import SlotSpec, SlotVocab
+from engine.tree import build_tree
 
 
 @dataclass(slots=True)
@@ -47,9 +54,12 @@ class SlotJob:
     num_prompt_tokens: int  # the first answer token sits at this position
     kv: SlotKV
     state: DecodeState
-    decoder: BeamDecoder | GenerateDecoder
+    decoder: BeamDecoder | GenerateDecoder | ForcedDecoder
     num_decoded_tokens: int = 0  # rows this slot added to decoding passes (usage.slot_tokens)
     pass_ids: set[int] = field(default_factory=set)  # the decoding passes that served it
+    values: dict[str, str] = field(default_factory=dict)  # the combination's placeholder values
+    floor_logprobs: dict[tuple[int, ...], float] | None = None  # spec.floor: path ids -> floor log-prob
+    num_floor_tokens: int = 0  # floor prompt tokens read + rows decoded for the floor (usage.floor_tokens)
 
 
 @dataclass(slots=True)
@@ -71,6 +81,8 @@ class DecodeBatch:
 class Extraction:
     vocab_fn: object  # () -> SlotVocab, built on first use (it decodes the whole vocabulary)
     beam: BeamDecoder  # the mode-"extract" decoder (parity swaps in a greedy one as its control)
+    floor_prompt: object = None  # (SlotJob) -> token ids of its prompt with user contents emptied
+    mask_fn: object = None  # the engine's tree mask (for the floor prompts' reads)
     jobs: list[SlotJob] = field(default_factory=list)
 
     def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
@@ -83,7 +95,7 @@ class Extraction:
                 branch = packed.tree.branches[branch_index]
                 jobs[slot] = SlotJob(request_index, branch.query_index, branch.combination_index, branch.slot,
                                      branch.branch_point, output.slot_kv[slot], start_state(branch.slot),
-                                     decoder_for(branch.slot, self.beam))
+                                     decoder_for(branch.slot, self.beam), values=branch.values)
         if not jobs:
             return
         vocab = self.vocab_fn()
@@ -96,18 +108,63 @@ class Extraction:
             self.jobs.append(job)
 
     def run(self, runner, max_num_rows: int) -> None:
-        """Decoding passes until every slot is finished."""
-        vocab = self.vocab_fn() if self.jobs else None
-        while True:
-            live = [job for job in self.jobs if not job.state.is_done]
-            if not live:
-                return
-            for group in _groups(live, max_num_rows):
-                batch = prepare_decode_batch(group, vocab)
-                candidates = runner.decode(batch)
-                for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
-                    job.pass_ids.add(runner.num_passes)
-                    _advance(job, span, candidates[span.start : span.start + span.num_real], vocab)
+        """Decoding passes until every slot is finished; then the floors the slots asked for."""
+        _decode(self.jobs, runner, max_num_rows, self.vocab_fn() if self.jobs else None)
+        self._floors(runner, max_num_rows)
+
+    def _floors(self, runner, max_num_rows: int) -> None:
+        """Each `floor` slot's floor prompt is read as a slot of its own tree (batch invariant,
+        as a slot), then the listed answers' paths are fed through it (ForcedDecoder)."""
+        asked = [job for job in self.jobs if job.spec.floor]
+        items = []
+        for job in asked:
+            job.floor_logprobs = {}
+            listed, _ = answers(job.state)
+            paths = list(dict.fromkeys(tuple(path.ids) for answer in listed for path in answer.paths))
+            if paths:
+                branch = slot_branch(job.query_index, job.combination_index, job.values, "", self.floor_prompt(job),
+                                     job.spec)
+                items.append(((job, paths), build_tree([branch])))
+        if not items:
+            return
+        vocab = self.vocab_fn()
+        floor_jobs: list[tuple[SlotJob, SlotJob]] = []  # (the slot, its floor's forced job)
+        for batch, output in runner.run_all(pack_trees(items, max_num_rows, self.mask_fn)):
+            started = []
+            for packed in batch.trees:
+                job, paths = packed.owner
+                state = DecodeState(job.spec, [Hypothesis([], 0.0, "")])
+                forced = SlotJob(job.request_index, job.query_index, job.combination_index, job.spec,
+                                 packed.tree.branches[0].branch_point, output.slot_kv[packed.slot_start], state,
+                                 ForcedDecoder(paths), pass_ids={output.pass_id})
+                job.num_floor_tokens += packed.tree.num_tokens
+                started.append((packed.slot_start, job, forced))
+            needs: list[RowNeed | None] = [None] * output.slot_logprobs.shape[0]
+            for slot, _, forced in started:
+                [needs[slot]] = forced.decoder.needs(forced.state, vocab)
+            candidates = select(output.slot_logprobs, needs, vocab)
+            for slot, job, forced in started:
+                forced.decoder.advance(forced.state, [candidates[slot]], vocab)
+                floor_jobs.append((job, forced))
+        _decode([forced for _, forced in floor_jobs], runner, max_num_rows, vocab)
+        for job, forced in floor_jobs:
+            job.floor_logprobs = forced.decoder.logprobs
+            job.num_floor_tokens += forced.num_decoded_tokens
+            job.pass_ids |= forced.pass_ids
+
+
+def _decode(jobs: list[SlotJob], runner, max_num_rows: int, vocab: SlotVocab | None) -> None:
+    """Decoding passes over the jobs' kept K/V until every one is done."""
+    while True:
+        live = [job for job in jobs if not job.state.is_done]
+        if not live:
+            return
+        for group in _groups(live, max_num_rows):
+            batch = prepare_decode_batch(group, vocab)
+            candidates = runner.decode(batch)
+            for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
+                job.pass_ids.add(runner.num_passes)
+                _advance(job, span, candidates[span.start : span.start + span.num_real], vocab)
 
 
 def _advance(job: SlotJob, span: DecodeSpan, candidates: list[Candidates], vocab: SlotVocab) -> None:

@@ -11,7 +11,7 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from engine.compiler import Branch, CompiledRequest, FloorKey
-from engine.decoder import answers
+from engine.decoder import answers, floor_p
 from engine.pack_requests import split_response
 from engine.packer import PackedBatch
 from engine.runner import RunnerOutput
@@ -82,10 +82,12 @@ class ResponseBuilder:
         for job in jobs:
             listed, residual = answers(job.state)
             self.slot_answers[job.request_index, job.query_index, job.combination_index] = (
-                [SlotAnswer(text=a.text, value=a.value, p=a.p, finish_reason=a.finish_reason) for a in listed],
+                [SlotAnswer(text=a.text, value=a.value, p=a.p, finish_reason=a.finish_reason,
+                            floor_p=floor_p(a, job.floor_logprobs)) for a in listed],
                 residual,
             )
             self.usage[job.request_index].slot_tokens += job.num_decoded_tokens
+            self.usage[job.request_index].floor_tokens += job.num_floor_tokens
             self.pass_ids[job.request_index].update(job.pass_ids)
 
     def finish(self):

@@ -54,6 +54,7 @@ class SlotSpec:
     max_tokens: int  # most tokens an answer may have (for {*}, with the one carrying the tail)
     seed: int | None  # generate: None greedy, else sampled
     temperature: float
+    floor: bool = False  # each answer also gets floor_p (engine/extraction.py: the slot floor)
 
     @property
     def is_grammar(self) -> bool:
@@ -63,7 +64,7 @@ class SlotSpec:
 def slot_spec(query: Query) -> SlotSpec:
     parsed = parse_template(query.template)
     return SlotSpec(parsed.slot, parsed.tail, query.mode, query.beam_width, query.num_max_tokens,
-                    query.seed, query.temperature)
+                    query.seed, query.temperature, query.floor)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ MAX_BEAM_WIDTH = 32
 DEFAULT_EXTRACT_MAX_TOKENS = 16  # extraction answers are short: a name, a month, a number
 DEFAULT_GENERATE_MAX_TOKENS = 64
 MAX_SLOT_TOKENS = 512
-SLOT_FIELDS = ("mode", "beam_width", "max_tokens", "seed", "temperature")  # extraction-only fields
+SLOT_FIELDS = ("mode", "beam_width", "max_tokens", "seed", "temperature", "floor")  # extraction-only fields
 
 
 class _Strict(BaseModel):
@@ -55,6 +55,7 @@ class Query(_Strict):
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_SLOT_TOKENS)  # None: the mode's default
     seed: int | None = None  # generate: None decodes greedily, a seed samples (reproducibly)
     temperature: float = Field(default=1.0, gt=0.0, le=10.0)  # generate with a seed only
+    floor: bool = False  # each answer also gets floor_p: its paths' probability with user contents emptied
 
     @property
     def slot(self) -> str:
@@ -193,6 +194,7 @@ class SlotAnswer(BaseModel):
     value: str | int | float | dict[str, Any] | None  # {*}: text; {n}: number; {$}: {amount, currency}
     p: float  # model probability of the answer: product of its token probabilities, summed over paths
     finish_reason: Literal["stop", "length"] | None = None  # mode "generate" only
+    floor_p: float | None = None  # the same paths' probability under the floor prompt; only with `floor: true`
 
 
 class Combination(BaseModel):
