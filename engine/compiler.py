@@ -11,7 +11,7 @@ Floors (the same question with user contents emptied) are branches too, keyed so
 identical floors are computed once (engine/floors.py caches them).
 An extraction slot ({*} {n} {$}) is a branch with one sequence, its prompt, and no scored
 token: the read keeps its K/V and its next-token distribution, and decoding starts there
-(engine/extraction.py). Slots get no floor.
+(engine/extraction.py). Slots get a floor only when the query asks (`floor: true`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ A pass with extraction slots also returns their whole next-token distributions a
 of their prompts (kept for decoding); `decode` runs a decoding pass over that K/V:
 
     DecodeBatch (engine/extraction.py) --model--> logits [S, V] --log-softmax--> [S, V]
+        --decoder.select (on the device)--> each row's top k+1 candidates and END mass
 """
 
 from __future__ import annotations
