@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from engine.ops import ROW_CHUNK
+from engine.ops import ROW_CHUNK, to_device
 
 BLOCK_SIZE = ROW_CHUNK  # flex tile = packer alignment: the batch-invariance argument above
 BUCKET = 2048  # the stream is padded to a multiple of this (one compiled kernel per bucket)
@@ -96,7 +96,8 @@ def prepare_cuda_attention(meta, device: torch.device | str):
     return dataclasses.replace(meta, block_mask=build_tree_block_masks(meta.spans, torch.device(device)))
 
 
-def build_tree_block_masks(spans, device: torch.device, bucket: int = BUCKET) -> TreeBlockMasks:
+def build_tree_block_masks(spans, device: torch.device | str, bucket: int = BUCKET) -> TreeBlockMasks:
+    device = torch.device(device)
     num_tokens = spans[-1].start + spans[-1].num_tokens
     num_padded = -(-num_tokens // bucket) * bucket
     num_blocks = num_padded // BLOCK_SIZE
@@ -128,10 +129,11 @@ def build_tree_block_masks(spans, device: torch.device, bucket: int = BUCKET) ->
     # Capacity depends only on the bucket, so the compiled kernel's input shapes repeat.
     # Words past num_words are never read (the mask_mod reads only inside q's span): empty, not zeros.
     bits = torch.empty(num_padded * num_padded // 32, dtype=torch.int32, device=device)
-    bits[:num_words].copy_(_pinned(np.concatenate(words)), non_blocking=True)
+    words_host = torch.from_numpy(np.concatenate(words))
+    bits[:num_words].copy_(words_host.pin_memory() if device.type == "cuda" else words_host, non_blocking=True)
 
-    def to_dev(a: np.ndarray) -> torch.Tensor:  # pinned: the copy does not wait for the pass in flight
-        return _pinned(a).to(device, non_blocking=True)
+    def to_dev(a: np.ndarray) -> torch.Tensor:  # pinned on CUDA: the copy does not wait for the pass in flight
+        return to_device(torch.from_numpy(a), device)
 
     return TreeBlockMasks(
         num_tokens=num_tokens, num_padded=num_padded, bits=bits,
@@ -139,11 +141,6 @@ def build_tree_block_masks(spans, device: torch.device, bucket: int = BUCKET) ->
         positions=to_dev(positions), any_blocks=to_dev(any_blocks), full_blocks=to_dev(full_blocks),
         block_pos_min=to_dev(block_pos.min(axis=1)), block_pos_max=to_dev(block_pos.max(axis=1)),
     )
-
-
-def _pinned(array: np.ndarray) -> torch.Tensor:
-    tensor = torch.from_numpy(array)
-    return tensor.pin_memory() if torch.cuda.is_available() else tensor
 
 
 def flex_tree_attention(

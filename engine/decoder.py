@@ -117,7 +117,7 @@ class Candidates:
     logprobs: list[float]  # float32 log-probabilities, as Python floats
     end: float | None = None  # log END mass (float64)
     full: torch.Tensor | None = None  # [V] float64
-    gathered: list[float] = field(default_factory=list)  # log-probs of RowNeed.gather's tokens
+    gathered: dict[int, float] = field(default_factory=dict)  # RowNeed.gather's tokens -> their log-probs
 
 
 def select(logprobs: torch.Tensor, needs: list[RowNeed | None], vocab: SlotVocab) -> list[Candidates | None]:
@@ -163,7 +163,7 @@ def select(logprobs: torch.Tensor, needs: list[RowNeed | None], vocab: SlotVocab
         token_index = torch.tensor([token for row in rows for token in needs[row].gather], device=device)
         values = iter(logprobs[row_index, token_index].cpu().tolist())
         for row in rows:
-            out[row].gathered = [next(values) for _ in needs[row].gather]
+            out[row].gathered = {token: next(values) for token in needs[row].gather}
     return out
 
 
@@ -343,13 +343,12 @@ class ForcedDecoder:
 
     def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
         spec = state.spec
-        needs = self.needs(state, vocab)
         live = []
-        for hyp, need, found in zip(state.live, needs, candidates, strict=True):
+        for hyp, found in zip(state.live, candidates, strict=True):
             prefix = tuple(hyp.ids)
             if found.end is not None:
                 self.logprobs[prefix] = hyp.logprob + found.end
-            for token, value in zip(need.gather, found.gathered, strict=True):
+            for token, value in found.gathered.items():
                 ids = prefix + (token,)
                 logprob = hyp.logprob + value
                 if ids in self.paths and not spec.is_grammar:

@@ -96,16 +96,9 @@ class Extraction:
                 jobs[slot] = SlotJob(request_index, branch.query_index, branch.combination_index, branch.slot,
                                      branch.branch_point, output.slot_kv[slot], start_state(branch.slot),
                                      decoder_for(branch.slot, self.beam), values=branch.values)
-        if not jobs:
-            return
-        vocab = self.vocab_fn()
-        needs: list[RowNeed | None] = [None] * output.slot_logprobs.shape[0]
-        for slot, job in jobs.items():
-            [needs[slot]] = job.decoder.needs(job.state, vocab)
-        candidates = select(output.slot_logprobs, needs, vocab)
-        for slot, job in jobs.items():
-            job.decoder.advance(job.state, [candidates[slot]], vocab)
-            self.jobs.append(job)
+        if jobs:
+            _first_step(jobs, output.slot_logprobs, self.vocab_fn())
+            self.jobs += jobs.values()
 
     def run(self, runner, max_num_rows: int) -> None:
         """Decoding passes until every slot is finished; then the floors the slots asked for."""
@@ -130,27 +123,32 @@ class Extraction:
         vocab = self.vocab_fn()
         floor_jobs: list[tuple[SlotJob, SlotJob]] = []  # (the slot, its floor's forced job)
         for batch, output in runner.run_all(pack_trees(items, max_num_rows, self.mask_fn)):
-            started = []
+            started: dict[int, SlotJob] = {}  # row of output.slot_logprobs -> the floor's forced job
             for packed in batch.trees:
                 job, paths = packed.owner
                 state = DecodeState(job.spec, [Hypothesis([], 0.0, "")])
-                forced = SlotJob(job.request_index, job.query_index, job.combination_index, job.spec,
-                                 packed.tree.branches[0].branch_point, output.slot_kv[packed.slot_start], state,
-                                 ForcedDecoder(paths), pass_ids={output.pass_id})
+                started[packed.slot_start] = SlotJob(
+                    job.request_index, job.query_index, job.combination_index, job.spec,
+                    packed.tree.branches[0].branch_point, output.slot_kv[packed.slot_start], state,
+                    ForcedDecoder(paths), pass_ids={output.pass_id})
                 job.num_floor_tokens += packed.tree.num_tokens
-                started.append((packed.slot_start, job, forced))
-            needs: list[RowNeed | None] = [None] * output.slot_logprobs.shape[0]
-            for slot, _, forced in started:
-                [needs[slot]] = forced.decoder.needs(forced.state, vocab)
-            candidates = select(output.slot_logprobs, needs, vocab)
-            for slot, job, forced in started:
-                forced.decoder.advance(forced.state, [candidates[slot]], vocab)
-                floor_jobs.append((job, forced))
+                floor_jobs.append((job, started[packed.slot_start]))
+            _first_step(started, output.slot_logprobs, vocab)
         _decode([forced for _, forced in floor_jobs], runner, max_num_rows, vocab)
         for job, forced in floor_jobs:
             job.floor_logprobs = forced.decoder.logprobs
             job.num_floor_tokens += forced.num_decoded_tokens
             job.pass_ids |= forced.pass_ids
+
+
+def _first_step(jobs: dict[int, SlotJob], slot_logprobs: torch.Tensor, vocab: SlotVocab) -> None:
+    """Each job's first decoder step, from its row of the read's slot distributions."""
+    needs: list[RowNeed | None] = [None] * slot_logprobs.shape[0]
+    for row, job in jobs.items():
+        [needs[row]] = job.decoder.needs(job.state, vocab)
+    candidates = select(slot_logprobs, needs, vocab)
+    for row, job in jobs.items():
+        job.decoder.advance(job.state, [candidates[row]], vocab)
 
 
 def _decode(jobs: list[SlotJob], runner, max_num_rows: int, vocab: SlotVocab | None) -> None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.ops import to_device
+
 
 @dataclass(slots=True)
 class SlotKV:
@@ -77,9 +79,7 @@ class DecodeSpan:
             mask = self.mask
             if sliding_window is not None:
                 mask = mask & (self.positions[:, None] - self.key_positions[None, :] < sliding_window)
-            if device.type == "cuda":
-                mask = mask.pin_memory().to(device, non_blocking=True)
-            self._masks[key] = mask.to(device)
+            self._masks[key] = to_device(mask, device)
         return self._masks[key]
 
 

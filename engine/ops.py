@@ -24,6 +24,15 @@ ROW_CHUNK = 64  # rows per fixed-shape matmul; the packer aligns contents to it
 SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tree's scored rows to it
 
 
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Host -> device without blocking the host on CUDA: a copy from pageable memory waits for
+    every kernel already queued (the pass in flight), one from pinned memory does not."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor | Fp8Weight | Int8Weight,

@@ -21,7 +21,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.kv_cache import SlotKV
-from engine.ops import SCORE_CHUNK
+from engine.ops import SCORE_CHUNK, to_device
 from engine.packer import PackedBatch
 
 
@@ -50,14 +50,6 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     return host.copy_(tensor, non_blocking=True)
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device without blocking the host: a copy from pageable memory waits for every
-    kernel already queued (the pass in flight), one from pinned memory does not."""
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _record_event(device: torch.device):
@@ -118,17 +110,13 @@ class ModelRunner:
         blocks), the masks and the top-k stay on the device: only [S, k] log-probs and ids,
         END masses and sampled rows reach the host (engine/decoder.select)."""
         logits = self.model(
-            batch.input_ids.to(self.device),
-            batch.positions.to(self.device),
+            to_device(batch.input_ids, self.device),
+            to_device(batch.positions, self.device),
             AttentionMetadata(spans=[], decode=batch.decode),
-            batch.scored_index.to(self.device),
+            to_device(batch.scored_index, self.device),
         )  # [S, V] float32
         self.num_passes += 1
-        logprobs = logits.float()  # log-softmax in place, SCORE_CHUNK rows at a time (no second [S, V])
-        for start in range(0, logprobs.shape[0], SCORE_CHUNK):
-            rows = slice(start, start + SCORE_CHUNK)
-            logprobs[rows] = torch.log_softmax(logprobs[rows], dim=-1)
-        return batch.select(logprobs)
+        return batch.select(chunked_log_softmax(logits, out=logits))  # in place: no second [S, V]
 
     def prepare_attention(self, meta: AttentionMetadata) -> AttentionMetadata:
         """CPU: the span masks as they are. CUDA: a flex_attention block mask built from them."""
@@ -149,10 +137,11 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return out
 
 
-def chunked_log_softmax(logits: torch.Tensor) -> torch.Tensor:
+def chunked_log_softmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """[S, V] -> [S, V] float32 log-softmax on SCORE_CHUNK-row blocks (a row's value never
-    depends on how many rows the pass has)."""
-    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    depends on how many rows the pass has). `out=logits` (float32) works in place."""
+    if out is None:
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], SCORE_CHUNK):
         rows = slice(start, start + SCORE_CHUNK)
         out[rows] = torch.log_softmax(logits[rows].float(), dim=-1)
