@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers.activations import ACT2FN
 
 from engine.kernels import fp8_matmul, matmul
 from engine.kernels import rms_norm as rms_norm_kernels
@@ -71,6 +72,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (x32 * (weight.float() + weight_offset)).to(x.dtype)
+
+
+def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """gate_up: [T, 2I] (gate columns, then up) -> act(gate) * up: [T, I] in gate_up's dtype."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return ACT2FN[activation](gate) * up
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,10 @@
     CausalLM (bf16 Linear weights) --quantize_linears_fp8--> Linear.weight = Fp8Weight
                                    --quantize_linears_int8--> Linear.weight = Int8Weight
 
-Every `engine.models.common.Linear` inside the decoder layers is quantized; the embedding and
+Every `engine.models.common.Linear` inside the decoder layers is quantized: after loading these
+are the fused qkv_proj / gate_up_proj (models/common.py), so fp8 quantizes each shared input
+once per layer, and per-output-channel scales make a fused weight exactly the rows of the
+separately quantized ones. Quantize a loaded model, never before loading. The embedding and
 the LM head stay in the model dtype (the scores are read from the LM head, and it runs only
 at the scored rows, so it costs little). `ops.linear` dispatches on the weight's type.
 Quantizing changes the numerics: the engine's system_fingerprint must include the recipe.

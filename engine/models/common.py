@@ -7,6 +7,19 @@ the scoring head and checkpoint-name mapping.
 Parameter names mirror the HF `*ForCausalLM` state dict (`model.layers.0.self_attn.q_proj.weight`,
 `lm_head.weight`), so a safetensors checkpoint loads with `load_state_dict(strict=True)` after
 `normalize_checkpoint_keys`. Every projection runs through `engine.ops.linear`.
+
+After loading, projections that read the same input are fused (`fuse_projections`):
+
+    q_proj [Hq·d, D], k_proj [Hkv·d, D], v_proj [Hkv·d, D] --cat--> qkv_proj [(Hq+2Hkv)·d, D]
+    gate_proj [I, D], up_proj [I, D]                       --cat--> gate_up_proj [2I, D]
+
+one matmul launch instead of three (two), and under fp8 one activation quantization of the
+shared input (quantization runs after loading, so on the fused weights; per-output-channel
+scales make the fused fp8 weight the rows of the separately quantized ones). The forward
+slices the fused output (views). On CUDA the Triton matmul runs every output column through
+the same K loop whatever N is, so the fused result is bit-identical to the unfused one
+(tests/engine/kernels/test_kernel_fused_projections.py); on CPU `F.linear` may block a
+wider N differently, which moves results by rounding only.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.attention import AttentionMetadata
-from engine.ops import ROW_CHUNK, SCORE_CHUNK, linear, rms_norm, rope_cos_sin
+from engine.ops import ROW_CHUNK, SCORE_CHUNK, gated_activation, linear, rms_norm, rope_cos_sin
 
 
 class Linear(nn.Module):
@@ -32,6 +45,78 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, row_chunk: int = ROW_CHUNK) -> torch.Tensor:
         return linear(x, self.weight, self.bias, row_chunk=row_chunk)
+
+    @classmethod
+    def fused(cls, parts: list[Linear]) -> Linear:
+        """One Linear whose output is the parts' outputs side by side: weight [ΣN, D]."""
+        with torch.device("meta"):
+            fused = cls(parts[0].weight.shape[1], sum(p.weight.shape[0] for p in parts), parts[0].bias is not None)
+        fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
+        if fused.bias is not None:
+            fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+        return fused
+
+
+def fuse_linears(module: nn.Module, names: tuple[str, ...], fused_name: str) -> None:
+    """Replace module.<names> (Linears over one input) by module.<fused_name>, freeing them."""
+    setattr(module, fused_name, Linear.fused([getattr(module, name) for name in names]))
+    for name in names:
+        delattr(module, name)
+
+
+def split_heads(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int):
+    """qkv: [T, (Hq+2Hkv)·d] -> q [T, Hq, d], k [T, Hkv, d], v [T, Hkv, d], views (token stride (Hq+2Hkv)·d)."""
+    num_rows = qkv.shape[0]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    return (
+        q.view(num_rows, num_heads, head_dim),
+        k.view(num_rows, num_kv_heads, head_dim),
+        v.view(num_rows, num_kv_heads, head_dim),
+    )
+
+
+class QKVProjections(nn.Module):
+    """The projections of an attention block: q/k/v (HF names, fused to qkv_proj after loading)
+    and o. Subclasses add the norms and the forward."""
+
+    def __init__(self, config, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        self.layer_index = 0  # set by the backbone; tree_attention keys kept K/V by it
+        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = Linear(hidden, q_dim, bias=qkv_bias)
+        self.k_proj = Linear(hidden, kv_dim, bias=qkv_bias)
+        self.v_proj = Linear(hidden, kv_dim, bias=qkv_bias)
+        self.o_proj = Linear(q_dim, hidden, bias=o_bias)
+
+    def fuse_projections(self) -> None:
+        fuse_linears(self, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [T, D] -> q [T, Hq, d], k [T, Hkv, d], v [T, Hkv, d] (views of one matmul's output)."""
+        return split_heads(self.qkv_proj(x), self.num_heads, self.num_kv_heads, self.head_dim)
+
+    def project_out(self, out: torch.Tensor) -> torch.Tensor:  # [T, Hq, d] -> [T, D]
+        return self.o_proj(out.reshape(out.shape[0], self.num_heads * self.head_dim))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)); gate/up fused to gate_up_proj [2I, D] after loading."""
+
+    def __init__(self, hidden: int, intermediate: int, activation: str, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = Linear(hidden, intermediate, bias=bias)
+        self.up_proj = Linear(hidden, intermediate, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
+        self.activation = activation  # an ACT2FN name: gelu_pytorch_tanh (Gemma), silu (llama, qwen)
+
+    def fuse_projections(self) -> None:
+        fuse_linears(self, ("gate_proj", "up_proj"), "gate_up_proj")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, D] -> [T, D]
+        return self.down_proj(gated_activation(self.gate_up_proj(x), self.activation))  # [T, 2I] -> [T, I] -> [T, D]
 
 
 class Embedding(nn.Module):
@@ -145,6 +230,14 @@ class CausalLM(nn.Module):
         self.load_state_dict(state, strict=True, assign=True)
         for param in self.parameters():
             param.requires_grad_(False)
+        self.fuse_projections()
+
+    def fuse_projections(self) -> None:
+        """q/k/v -> qkv_proj, gate/up -> gate_up_proj in every layer (the forward needs them);
+        the HF-named unfused weights are freed (the state dict then has the fused names)."""
+        for module in list(self.modules()):
+            if module is not self and hasattr(module, "fuse_projections"):
+                module.fuse_projections()
 
 
 _PREFIX_MAP = (

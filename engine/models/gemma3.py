@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from engine.attention import AttentionMetadata, tree_attention
 from engine.models.common import (
     CausalLM,
     Embedding,
+    GatedMLP,
     Linear,
+    QKVProjections,
     RMSNorm,
     RotaryTable,
     embed_scale,
-    head_dim_of,
     layer_types_of,
     rotary_table,
 )
@@ -35,46 +35,22 @@ from engine.ops import norm_rope
 GEMMA_NORM_OFFSET = 1.0  # Gemma stores the RMSNorm scale as (scale - 1)
 
 
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(QKVProjections):
     def __init__(self, config, sliding_window: int | None) -> None:
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = head_dim_of(config)
+        bias = bool(getattr(config, "attention_bias", False))
+        super().__init__(config, qkv_bias=bias, o_bias=bias)
         self.scale = config.query_pre_attn_scalar**-0.5
         self.sliding_window = sliding_window
-        self.layer_index = 0  # set by the backbone; tree_attention keys kept K/V by it
-        bias = bool(getattr(config, "attention_bias", False))
-        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = Linear(hidden, q_dim, bias=bias)
-        self.k_proj = Linear(hidden, kv_dim, bias=bias)
-        self.v_proj = Linear(hidden, kv_dim, bias=bias)
-        self.o_proj = Linear(q_dim, hidden, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, GEMMA_NORM_OFFSET)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, GEMMA_NORM_OFFSET)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, d]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
+        q, k, v = self.project_qkv(x)  # [T, Hq, d], [T, Hkv, d], [T, Hkv, d]
         cos, sin = rope  # [T, 1, d]
         q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin, GEMMA_NORM_OFFSET)
         k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin, GEMMA_NORM_OFFSET)
         out = tree_attention(q, k, v, attn, self.scale, self.sliding_window, self.layer_index)  # [T, Hq, d]
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, D]
-
-
-class Gemma3MLP(nn.Module):
-    def __init__(self, config) -> None:
-        super().__init__()
-        self.gate_proj = Linear(config.hidden_size, config.intermediate_size)
-        self.up_proj = Linear(config.hidden_size, config.intermediate_size)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
-        self.act = ACT2FN[config.hidden_activation]  # gelu_pytorch_tanh
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, D] -> [T, D]
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.project_out(out)  # [T, D]
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -83,7 +59,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.layer_type = layer_type
         sliding_window = config.sliding_window if layer_type == "sliding_attention" else None
         self.self_attn = Gemma3Attention(config, sliding_window)
-        self.mlp = Gemma3MLP(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_activation)
         dim, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
         self.post_attention_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from engine.attention import AttentionMetadata, tree_attention
 from engine.models.common import (
     CausalLM,
     Embedding,
+    GatedMLP,
     Linear,
+    QKVProjections,
     RMSNorm,
     RotaryTable,
-    head_dim_of,
     layer_types_of,
     rotary_table,
 )
@@ -55,20 +55,11 @@ class LlamaFlags:
         raise ValueError(f"llama.py serves {FAMILIES}, not {kind!r}")
 
 
-class Attention(nn.Module):
+class Attention(QKVProjections):
     def __init__(self, config, flags: LlamaFlags, sliding_window: int | None) -> None:
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = head_dim_of(config)
+        super().__init__(config, qkv_bias=flags.qkv_bias, o_bias=flags.o_bias)
         self.scale = self.head_dim**-0.5
         self.sliding_window = sliding_window
-        self.layer_index = 0  # set by the backbone; tree_attention keys kept K/V by it
-        hidden, q_dim, kv_dim = config.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = Linear(hidden, q_dim, bias=flags.qkv_bias)
-        self.k_proj = Linear(hidden, kv_dim, bias=flags.qkv_bias)
-        self.v_proj = Linear(hidden, kv_dim, bias=flags.qkv_bias)
-        self.o_proj = Linear(q_dim, hidden, bias=flags.o_bias)
         if flags.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -76,10 +67,7 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, d]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, d]
+        q, k, v = self.project_qkv(x)  # [T, Hq, d], [T, Hkv, d], [T, Hkv, d]
         cos, sin = rope  # [T, 1, d]
         if self.q_norm is not None:  # qwen3: per-head RMSNorm, then RoPE (one fused kernel on CUDA)
             q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
@@ -87,19 +75,7 @@ class Attention(nn.Module):
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = tree_attention(q, k, v, attn, self.scale, self.sliding_window, self.layer_index)  # [T, Hq, d]
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))  # [T, D]
-
-
-class MLP(nn.Module):
-    def __init__(self, config, bias: bool) -> None:
-        super().__init__()
-        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = ACT2FN[config.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, D] -> [T, D]
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.project_out(out)  # [T, D]
 
 
 class DecoderLayer(nn.Module):
@@ -108,7 +84,7 @@ class DecoderLayer(nn.Module):
         self.layer_type = layer_type
         sliding_window = config.sliding_window if layer_type == "sliding_attention" else None
         self.self_attn = Attention(config, flags, sliding_window)
-        self.mlp = MLP(config, flags.mlp_bias)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, flags.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -193,3 +193,23 @@ def test_tiny_checkpoints_are_deterministic_for_a_seed(tiny_checkpoint, tmp_path
     digest = sha256_file(tiny_checkpoint("llama") / "model.safetensors")
     assert sha256_file(again / "model.safetensors") == digest
     assert sha256_file(other / "model.safetensors") != digest
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_loading_fuses_the_projections(models, tiny_checkpoint, family):
+    """HF names load strictly; after loading q/k/v and gate/up are one weight each (their rows
+    side by side) and the unfused ones are gone."""
+    from safetensors.torch import load_file
+
+    ours, _ = models(family)
+    state = load_file(tiny_checkpoint(family) / "model.safetensors")
+    attn, mlp = ours.model.layers[1].self_attn, ours.model.layers[1].mlp
+    assert not any(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj"))
+    assert not any(hasattr(mlp, n) for n in ("gate_proj", "up_proj"))
+    prefix = "model.layers.1."
+    qkv = [state[f"{prefix}self_attn.{n}_proj.weight"] for n in "qkv"]
+    assert torch.equal(attn.qkv_proj.weight, torch.cat(qkv))
+    assert torch.equal(mlp.gate_up_proj.weight, torch.cat([state[f"{prefix}mlp.{n}_proj.weight"] for n in ("gate", "up")]))
+    if f"{prefix}self_attn.q_proj.bias" in state:  # qwen2
+        assert torch.equal(attn.qkv_proj.bias, torch.cat([state[f"{prefix}self_attn.{n}_proj.bias"] for n in "qkv"]))
+    assert not any(".q_proj." in n or ".up_proj." in n for n in ours.state_dict())
