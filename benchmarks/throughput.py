@@ -34,6 +34,7 @@ import hf_baselines  # noqa: E402
 import random_models  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
 from slot_workload import load_slot_queries, slot_token_share, with_slots  # noqa: E402
+from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 from engine.quantization import quantize_linears_fp8  # noqa: E402
@@ -213,7 +214,8 @@ def main() -> None:
     stats, bf16_results = run_spinf(engine, requests, args.repeats)
     systems["spinf_bf16"] = system_row(stats, num_questions, params, peaks["bf16"])
     systems["spinf_bf16"]["batch_invariant"] = check_invariance(engine, requests, bf16_results)
-    print("spinf_bf16", _brief(systems["spinf_bf16"]), flush=True)
+    systems["spinf_bf16"]["timeline"] = timeline(engine, requests)
+    print("spinf_bf16", _brief(systems["spinf_bf16"]), "\n  timeline", brief(systems["spinf_bf16"]["timeline"]), flush=True)
     if args.profile:
         print(profile_pass(engine, requests, args.profile), flush=True)
     if args.slots:
@@ -244,6 +246,10 @@ def main() -> None:
         systems["spinf_fp8"] = system_row(stats, num_questions, params, peaks["fp8"],
                                           mfu_vs_bf16_peak=2 * params * stats["tokens"] / stats["seconds"] / (peaks["bf16"] * 1e12))
         systems["spinf_fp8"]["batch_invariant"] = check_invariance(engine8, requests, fp8_results)
+        systems["spinf_fp8"]["timeline"] = timeline(engine8, requests)
+        print("  fp8 timeline", brief(systems["spinf_fp8"]["timeline"]), flush=True)
+        if args.profile:
+            print(profile_pass(engine8, requests, args.profile.with_name(args.profile.stem + "-fp8.txt")), flush=True)
         result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
         print("spinf_fp8", _brief(systems["spinf_fp8"]), result["fp8_vs_bf16_drift"], flush=True)
         del engine8, fp8_model
@@ -310,6 +316,8 @@ def markdown(result: dict) -> str:
             lines.append(f"\n{name}: {row['passes']} passes; launch (block masks, copies, kernel launches, and any wait for the GPU inside them) {row['runner_seconds']:.3f} s of"
                          f" {row['seconds']:.3f} s; tokenization {row['tokenize_seconds']:.3f} s more (not in the table:"
                          f" the baselines get tokenized input too)")
+        if "timeline" in row:
+            lines.append(f"\n{name} timeline of one more run (benchmarks/timeline.py): {brief(row['timeline'])}")
     if "spinf_bf16_slots" in result["systems"]:
         row = result["systems"]["spinf_bf16_slots"]
         lines.append(f"\nspinf_bf16_slots: the same requests plus {row['num_slot_queries']} extraction slots each"

@@ -42,9 +42,11 @@ from spinf_jobs.packs import PackRegistry
 from spinf_jobs.protocol import ScoringRequest, ScoringResponse
 from spinf_jobs.templates import parse_template
 
+FIRST_PASS_TOKENS = 2048  # CUDA only; packing 16k tokens takes ~35 ms of CPU the GPU would wait for
 ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
 # the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
-CUDA_KERNELS = "triton-invariant-v1+flex64"
+# + the row log-sum-exp kernel for log-softmax at the scored rows
+CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,8 @@ class Engine:
         self.renderer = PromptRenderer(checkpoint.tokenizer, checkpoint.has_chat_template)
         self.tokenize = Tokenize(checkpoint.tokenizer, add_special_tokens=not checkpoint.has_chat_template)
         self.runner = ModelRunner(checkpoint.model, device)
+        # CUDA: a small first pass, so the device starts while the CPU packs the next (full) one
+        self.first_pass_tokens = FIRST_PASS_TOKENS if device.type == "cuda" else None
         self.floors = FloorCache(config.floor_cache_size)
         self.checkpoint_path = checkpoint.path
         self.system_fingerprint = fingerprint(checkpoint.weights_sha256, dtype, device, config.quantization)
@@ -127,7 +131,8 @@ class Engine:
         self._counted.clear()
         builder = ResponseBuilder(self, compiled)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), self.mask_fn)
-        batches = pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn)
+        batches = pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn,
+                             first_max_num_tokens=self.first_pass_tokens)
         for batch, output in self.runner.run_all(batches):
             builder.collect(batch, output)
             extraction.collect(batch, output)
@@ -185,14 +190,15 @@ class Engine:
         return compiled
 
     def _trees(self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder):
+        """Floors first (small; every request waits for its floors), then each request's tree."""
+        for key in builder.missing_floors():
+            yield _TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
         budget = self.config.max_num_batched_tokens
         for index, request in enumerate(compiled):
             if isinstance(request, RequestError):
                 continue
             for tree in split_tree(request.branches, budget):  # the tree is built once here
                 yield _TreeOwner(index), tree
-        for key in builder.missing_floors():
-            yield _TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
 
 
 def fingerprint(weights_sha256: str, dtype: torch.dtype, device: torch.device, quantization: str = "none") -> str:

@@ -76,16 +76,21 @@ def split_tree(branches: list[Branch], max_num_tokens: int) -> list[TokenTree]:
     return [build_tree(group) for group in groups]
 
 
-def pack_trees(items: Iterable[tuple[object, TokenTree]], max_num_tokens: int, mask_fn=None) -> Iterator[PackedBatch]:
+def pack_trees(
+    items: Iterable[tuple[object, TokenTree]], max_num_tokens: int, mask_fn=None, first_max_num_tokens: int | None = None
+) -> Iterator[PackedBatch]:
     """Greedy in order: a tree that does not fit the current pass opens the next one.
-    Lazy: a batch is prepared when it is full, so packing overlaps the pass before it."""
+    Lazy: a batch is prepared when it is full, so packing overlaps the pass before it.
+    `first_max_num_tokens` caps the first pass only: a small first pass starts the device
+    while the next, full pass is still being packed (nothing else overlaps the first packing)."""
     group: list[tuple[object, TokenTree]] = []
     used = 0
+    limit = min(max_num_tokens, first_max_num_tokens or max_num_tokens)
     for owner, tree in items:
         size = padded(tree.num_tokens, ROW_CHUNK)
-        if group and used + size > max_num_tokens:
+        if group and used + size > limit:
             yield prepare_batch(group, mask_fn or tree_mask)
-            group, used = [], 0
+            group, used, limit = [], 0, max_num_tokens
         group.append((owner, tree))
         used += size
     if group:

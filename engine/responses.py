@@ -1,7 +1,8 @@
 """Collect pass outputs per request and build the scoring responses.
 
     (PackedBatch, RunnerOutput)* --collect--> logprobs per (request, query, combination)
-        + floors (cache) --finish--> BatchOutput(results, pass_ids)
+        + floors (cache) --> a request's response as soon as it is complete
+        --finish--> BatchOutput(results, pass_ids) (the rest built here: slots, the last pass)
     decoded SlotJobs (engine/extraction.py) --collect_slots--> answers per (request, query, combination)
 """
 
@@ -41,6 +42,7 @@ class ResponseBuilder:
         self._floor_first_user: dict[FloorKey, int] = {}
         self.floor_p: dict[FloorKey, tuple[float, ...]] = {}  # held here: the cache may evict
         self.slot_answers: dict[tuple[int, int, int], tuple[list[SlotAnswer], float]] = {}
+        self._done: dict[int, ScoringResponse] = {}  # responses built as soon as their last score came in
         for index, request in enumerate(compiled):
             if isinstance(request, CompiledRequest):
                 for key in request.floor_keys:
@@ -58,6 +60,26 @@ class ResponseBuilder:
         return list(self._floor_first_user)
 
     def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
+        """Take one pass's scores; then build the responses it completed (while the next pass
+        runs on the device, so that only the last pass's responses are built after the GPU ends)."""
+        touched = {packed.owner.request_index for packed in batch.trees}
+        self._collect_trees(batch, output)
+        self._finish_ready(range(len(self.compiled)) if -1 in touched else touched)
+
+    def _finish_ready(self, indices) -> None:
+        for index in indices:
+            request = self.compiled[index]
+            if index in self._done or not isinstance(request, CompiledRequest):
+                continue
+            if all(
+                branch.slot is None
+                and (index, branch.query_index, branch.combination_index) in self.logprobs
+                and branch.floor_key in self.floor_p
+                for branch in request.branches
+            ):
+                self._done[index] = self._response(index, request)
+
+    def _collect_trees(self, batch: PackedBatch, output: RunnerOutput) -> None:
         for packed in batch.trees:
             sums = option_logprobs(packed, output.target_logprobs)
             owner = packed.owner
@@ -94,7 +116,7 @@ class ResponseBuilder:
         from engine.engine import BatchOutput
 
         results = [
-            request if not isinstance(request, CompiledRequest) else self._response(index, request)
+            request if not isinstance(request, CompiledRequest) else self._done.get(index) or self._response(index, request)
             for index, request in enumerate(self.compiled)
         ]
         return BatchOutput(results=results, pass_ids=[tuple(sorted(ids)) for ids in self.pass_ids])

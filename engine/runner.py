@@ -1,10 +1,11 @@
 """Run one packed pass through the model and read the scored tokens' log-probabilities.
 
     PackedBatch (CPU tensors) --prepare--> device tensors --model--> logits [S, V]
-        --log-softmax per SCORE_CHUNK rows--> RunnerOutput(target_logprobs [S])
+        --log-softmax (row log-sum-exp kernel on CUDA)--> RunnerOutput(target_logprobs [S])
 
-The LM head runs only at the scored rows (inside the model). Log-softmax runs on fixed
-SCORE_CHUNK-row blocks so a row's value does not depend on how many rows the pass has.
+The LM head runs only at the scored rows (inside the model). The log-softmax of a row never
+depends on how many rows the pass has: one program per row with fixed V chunks on CUDA,
+fixed SCORE_CHUNK-row blocks on CPU.
 A pass with extraction slots also returns their whole next-token distributions and the K/V
 of their prompts (kept for decoding); `decode` runs a decoding pass over that K/V:
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.kernels.logprobs import row_logsumexp
 from engine.kv_cache import SlotKV
 from engine.ops import SCORE_CHUNK, to_device
 from engine.packer import PackedBatch
@@ -106,9 +108,9 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, batch) -> list:
         """One decoding pass (engine/extraction.DecodeBatch) -> per scored row, the Candidates
-        its hypothesis asked for (None for padding). The log-softmax ([S, V], SCORE_CHUNK-row
-        blocks), the masks and the top-k stay on the device: only [S, k] log-probs and ids,
-        END masses and sampled rows reach the host (engine/decoder.select)."""
+        its hypothesis asked for (None for padding). The log-softmax ([S, V], row by row as in
+        `chunked_log_softmax`), the masks and the top-k stay on the device: only [S, k]
+        log-probs and ids, END masses and sampled rows reach the host (engine/decoder.select)."""
         logits = self.model(
             to_device(batch.input_ids, self.device),
             to_device(batch.positions, self.device),
@@ -128,7 +130,11 @@ class ModelRunner:
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """logits: [S, V], targets: [S] -> [S] log-softmax(logits)[row, target], per SCORE_CHUNK rows."""
+    """logits: [S, V], targets: [S] -> [S] log-softmax(logits)[row, target]. CUDA: one Triton
+    launch (a row's log-sum-exp in fixed V chunks, engine/kernels/logprobs.py); CPU: torch's
+    log-softmax per SCORE_CHUNK rows. Either way a row's value depends on that row alone."""
+    if logits.is_cuda:
+        return logits.gather(1, targets[:, None])[:, 0].float() - row_logsumexp(logits)
     out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], SCORE_CHUNK):
         rows = slice(start, start + SCORE_CHUNK)
@@ -138,10 +144,13 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 def chunked_log_softmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """[S, V] -> [S, V] float32 log-softmax on SCORE_CHUNK-row blocks (a row's value never
-    depends on how many rows the pass has). `out=logits` (float32) works in place."""
+    """[S, V] -> [S, V] float32 log-softmax, a row's value never depending on how many rows the
+    pass has (CUDA: logits - the row log-sum-exp kernel; CPU: SCORE_CHUNK-row blocks).
+    `out=logits` (float32) works in place."""
     if out is None:
         out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    if logits.is_cuda:
+        return torch.sub(logits.float(), row_logsumexp(logits)[:, None], out=out)
     for start in range(0, logits.shape[0], SCORE_CHUNK):
         rows = slice(start, start + SCORE_CHUNK)
         out[rows] = torch.log_softmax(logits[rows].float(), dim=-1)

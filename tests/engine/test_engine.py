@@ -5,6 +5,7 @@ import pytest
 from engine.engine import RequestError
 from engine.parity import load_cases, run_parity, summarize
 from spinf_jobs.protocol import ScoringRequest
+
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
 
 TOLERANCE = 1e-3
@@ -45,6 +46,28 @@ def test_batch_invariance_alone_vs_packed(tiny_engine):
     neighbours = [i for i, ids in enumerate(packed.pass_ids) if i != index and target_passes & set(ids)]
     assert len(neighbours) >= 50, f"only {len(neighbours)} contents shared a pass with the target"
     assert _strip_usage(alone.results[0]) == _strip_usage(packed.results[index])
+
+
+def test_small_first_pass_and_early_responses_change_nothing(tiny_engine, monkeypatch):
+    """A capped first pass (what CUDA engines do) and responses built pass by pass (while the
+    next pass runs) give the same responses as one big pass."""
+    from engine.responses import ResponseBuilder
+
+    requests = load_cases(has_chat_template=True)[:12]
+    reference = tiny_engine("qwen2", max_num_batched_tokens=1 << 16).score_batch(requests)
+    engine = tiny_engine("qwen2", max_num_batched_tokens=1024)
+    engine.first_pass_tokens = 256
+    built_before = []  # responses already built when each pass's scores arrive
+    collect = ResponseBuilder.collect
+    monkeypatch.setattr(ResponseBuilder, "collect", lambda self, *a: built_before.append(len(self._done)) or collect(self, *a))
+    split = engine.score_batch(requests)
+    passes = sorted({i for ids in split.pass_ids for i in ids})
+    assert len(passes) >= 3
+    assert 1 <= sum(passes[0] in ids for ids in split.pass_ids) < 4, "the first pass was not capped"
+    done_before_last = sum(max(ids) < passes[-1] for ids in split.pass_ids)
+    assert built_before[-1] == done_before_last > 0
+    for a, b in zip(reference.results, split.results, strict=True):
+        assert _strip_usage(a) == _strip_usage(b)
 
 
 def test_tree_larger_than_budget_is_split_not_refused(tiny_checkpoint):

@@ -1,0 +1,109 @@
+"""Flex-attention launch options on the real tree masks of the news workload (GPU).
+
+    python3 benchmarks/flex_options.py [--model gemma-3-12b] [--out results/flex.json]
+      1. the news requests, compiled with the model's real tokenizer, packed as the engine packs
+         them (budget 16,384) -> the first pass's tree spans -> block masks on the GPU
+      2. random q/k/v with the model's heads; per kernel-options variant: time one layer's
+         tree attention (full and sliding window), and compare its output bit for bit with the
+         engine's current options (engine.attention_cuda.KERNEL_OPTIONS)
+
+A variant is only usable if it is bit-identical to the current one on every row (or, if not,
+its own alone-vs-packed invariance must be shown before adopting it: a new fingerprint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import random_models  # noqa: E402
+from workloads import load_workload  # noqa: E402
+
+from engine import attention_cuda  # noqa: E402
+from engine.compiler import compile_request  # noqa: E402
+from engine.packer import pack_trees  # noqa: E402
+from engine.prompts import PromptRenderer  # noqa: E402
+from engine.tokenize import Tokenize  # noqa: E402
+from engine.tree import build_tree  # noqa: E402
+from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+
+BASE = dict(attention_cuda.KERNEL_OPTIONS)
+VARIANTS = {
+    "current": {},
+    "tma": {"USE_TMA": True},
+    "warps8": {"num_warps": 8},
+    "stages3": {"num_stages": 3},
+    "rows_safe": {"ROWS_GUARANTEED_SAFE": True},
+    "tma_stages3": {"USE_TMA": True, "num_stages": 3},
+    "warps8_stages3": {"num_warps": 8, "num_stages": 3},
+}
+
+
+def first_pass_spans(model: str):
+    tokenizer = random_models.tokenizer_for(model)
+    has_template = bool(tokenizer.chat_template)
+    renderer, tokenize = PromptRenderer(tokenizer, has_template), Tokenize(tokenizer, not has_template)
+    requests = [ScoringRequest.model_validate(r) for r in load_workload("news").requests(None)]
+    trees = [build_tree(compile_request(r, renderer, tokenize).branches) for r in requests]
+    return next(iter(pack_trees(list(enumerate(trees)), 16384))).attention.spans
+
+
+def time_variant(q, k, v, masks, scale, window, options, repeats=20):
+    attention_cuda.KERNEL_OPTIONS = {**BASE, **options}
+    attention_cuda._compiled_flex = None
+    torch._dynamo.reset()
+    out = attention_cuda.flex_tree_attention(q, k, v, masks, scale, window)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        attention_cuda.flex_tree_attention(q, k, v, masks, scale, window)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="gemma-3-12b")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    config = random_models.ARCHS[args.model].config
+    spans = first_pass_spans(args.model)
+    masks = attention_cuda.build_tree_block_masks(spans, "cuda")
+    num_tokens = masks.num_tokens
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    heads, kv_heads, dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    q, k, v = (torch.randn(num_tokens, h, dim, device="cuda", generator=gen, dtype=torch.bfloat16)
+               for h in (heads, kv_heads, kv_heads))
+    scale = dim**-0.5
+    rows = []
+    for window in (None, config.get("sliding_window")):
+        reference = None
+        for name, options in VARIANTS.items():
+            try:
+                seconds, out = time_variant(q, k, v, masks, scale, window, options)
+            except Exception as error:  # a variant the compiler refuses is reported, not fatal
+                rows.append({"variant": name, "window": window, "error": repr(error)[:300]})
+                print(rows[-1], flush=True)
+                continue
+            reference = out if reference is None else reference
+            row = {"variant": name, "window": window, "options": {**BASE, **options}, "ms": seconds * 1e3,
+                   "bit_identical_to_current": bool(torch.equal(out, reference)),
+                   "max_abs_diff": float((out.float() - reference.float()).abs().max())}
+            rows.append(row)
+            print(row, flush=True)
+    result = {"gpu": torch.cuda.get_device_name(), "model": args.model, "num_tokens": num_tokens,
+              "num_spans": len(spans), "torch": torch.__version__, "rows": rows}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
