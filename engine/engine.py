@@ -42,11 +42,14 @@ from spinf_jobs.packs import PackRegistry
 from spinf_jobs.protocol import ScoringRequest, ScoringResponse
 from spinf_jobs.templates import parse_template
 
-FIRST_PASS_TOKENS = 2048  # CUDA only; packing 16k tokens takes ~35 ms of CPU the GPU would wait for
+# CUDA only: the GPU waits for the first pass's packing (~35 ms for 16k tokens), so the first
+# pass is smaller; not too small: launching a pass costs ~0.1 s of CPU, and a pass shorter
+# than that on the GPU leaves it waiting for launches (2,048 did: H200 timeline, docs/performance.md)
+FIRST_PASS_TOKENS = 4096
 ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
 # the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
 # + the row log-sum-exp kernel for log-softmax at the scored rows
-CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel"
+CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel+gated-act"
 
 
 @dataclass(frozen=True, slots=True)
