@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from transformers.activations import ACT2FN
 
-from engine.kernels import fp8_matmul, matmul
+from engine.kernels import fp8_matmul, gated_act, matmul
 from engine.kernels import rms_norm as rms_norm_kernels
 from engine.kernels.fp8_matmul import Fp8Weight
 from engine.kernels.int8_weight import Int8Weight
@@ -75,9 +74,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
 
 
 def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """gate_up: [T, 2I] (gate columns, then up) -> act(gate) * up: [T, I] in gate_up's dtype."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return ACT2FN[activation](gate) * up
+    """gate_up: [T, 2I] (gate columns, then up) -> act(gate) * up: [T, I] in gate_up's dtype.
+    One fused kernel on CUDA (gelu_pytorch_tanh, silu)."""
+    if gate_up.is_cuda and activation in gated_act.GATED_ACTIVATIONS:
+        return gated_act.gated_act(gate_up, activation)
+    return gated_act.gated_act_reference(gate_up, activation)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,71 @@
+"""act(gate) * up over the fused gate_up projection (GeGLU for Gemma 3, SwiGLU for llama/qwen).
+
+    gate_up [T, 2I] (gate columns | up columns, rows may be strided)
+      ──gated_act_kernel (grid: T × I/BLOCK)──> y [T, I] in gate_up's dtype
+        y = round(round(act(gate)) * up)   # act in fp32 rounded to the dtype, then the product
+
+Why: torch runs the activation and the product as two kernels (read I, write I; read 2I,
+write I per row); this reads 2I and writes I once: 3 of 5 passes over [T, I].
+Elementwise, so a row's bits depend on that row alone (batch invariant).
+The reference is engine.ops' CPU maths (ACT2FN, then the product), which rounds the same way;
+the kernel's tanh (from exp) differs from torch's by a few fp32 ulps, so an element may differ
+by one ulp from the reference, or by ~1e-6 absolute where 1 + tanh cancels (gelu of x < -3,
+|y| < 0.005); never from itself: the tests check row invariance bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers.activations import ACT2FN
+
+from engine.kernels._triton import HAS_TRITON, jit, tl
+from engine.kernels.matmul import triton_cdiv
+
+# ACT2FN names the kernel computes -> its ACT constant
+GATED_ACTIVATIONS = {"gelu_pytorch_tanh": 0, "silu": 1}
+BLOCK_I = 1024
+GELU_TANH_C = math.sqrt(2.0 / math.pi)
+
+
+def gated_act_reference(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """gate_up: [T, 2I] -> act(gate) * up: [T, I], in gate_up's dtype (what ops does on CPU)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return ACT2FN[activation](gate) * up
+
+
+@jit
+def gated_act_kernel(x_ptr, y_ptr, stride_x, I, ACT: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < I
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 0:  # gelu tanh: 0.5·x·(1 + tanh(z)), z = √(2/π)(x + 0.044715x³), torch's formula
+        z = C * (gate + 0.044715 * gate * gate * gate)
+        e = tl.exp(-2.0 * tl.abs(z))  # tanh from one exp, without overflow: sign(z)(1 - e)/(1 + e)
+        tanh = tl.where(z < 0, -1.0, 1.0) * (1.0 - e) / (1.0 + e)
+        act = 0.5 * gate * (1.0 + tanh)
+    else:  # silu
+        act = gate / (1.0 + tl.exp(-gate))
+    act = act.to(y_ptr.dtype.element_ty).to(tl.float32)  # torch rounds the activation first
+    tl.store(y_ptr + row * I + cols, (act * up).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """Triton version of gated_act_reference; gate_up [T, 2I] with a contiguous last dim."""
+    if not HAS_TRITON:
+        raise RuntimeError("gated_act: Triton is not installed")
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"gated_act: no kernel for {activation!r}; one of {sorted(GATED_ACTIVATIONS)}")
+    if gate_up.stride(-1) != 1:
+        gate_up = gate_up.contiguous()
+    num_rows, num_cols = gate_up.shape[0], gate_up.shape[1] // 2
+    y = torch.empty(num_rows, num_cols, dtype=gate_up.dtype, device=gate_up.device)
+    if num_rows:
+        gated_act_kernel[(num_rows, triton_cdiv(num_cols, BLOCK_I))](
+            gate_up, y, gate_up.stride(0), num_cols, ACT=GATED_ACTIVATIONS[activation], C=GELU_TANH_C,
+            BLOCK=BLOCK_I, num_warps=4,
+        )
+    return y

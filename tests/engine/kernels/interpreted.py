@@ -1,0 +1,68 @@
+"""Kernel checks run on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1).
+
+The interpreter is chosen when a kernel is decorated, so each check runs in its own
+process: `python3 interpreted.py <check>` exits non-zero on a mismatch. `run_interpreted`
+is the pytest side. Keep the shapes small: the interpreter runs programs one by one in numpy.
+The interpreter converts fp32 -> bf16 by truncation, not round-to-nearest as the GPU does:
+bf16 checks here allow an ulp per rounding; fp32 ones are tight. Bit-exact claims are checked
+on the GPU (`gpu` marker).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+
+
+def run_interpreted(check: str) -> None:
+    """Run `check` (a function of this module) under TRITON_INTERPRET=1; fail on any error.
+    Without Triton: fail where it is a dependency (Linux x86_64, as CI), else skip with a reason."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        if platform.system() == "Linux" and platform.machine() == "x86_64":
+            pytest.fail("triton is a dependency on Linux x86_64 (pyproject.toml) but is not installed")
+        pytest.skip("no Triton on this platform: the interpreter checks cannot run")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{HERE}"}
+    proc = subprocess.run([sys.executable, str(HERE / "interpreted.py"), check], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def assert_gated_act_close(y, ref, bf16_ulps: int = 1) -> None:
+    """bf16_ulps ulps of bf16 (1e-5 relative in fp32), or 1e-5 absolute where gelu's 1 + tanh
+    cancels (see gated_act.py)."""
+    import torch
+
+    rtol = bf16_ulps * 2**-7 if y.dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=1e-5)
+
+
+def check_gated_act() -> None:
+    import torch
+
+    from engine.kernels.gated_act import gated_act, gated_act_reference
+    from kernel_inputs import fresh
+
+    for activation in ("gelu_pytorch_tanh", "silu"):
+        for dtype in (torch.bfloat16, torch.float32):
+            fused = fresh((6, 2 * 1100 + 16), dtype=dtype, seed=1, scale=3.0)
+            gate_up = fused[:, : 2 * 1100]  # strided rows, as a slice of a wider buffer
+            y = gated_act(gate_up, activation)
+            ref = gated_act_reference(gate_up, activation)
+            assert y.dtype == dtype and y.shape == (6, 1100)
+            assert_gated_act_close(y, ref, bf16_ulps=2)  # two roundings, each truncated here
+            assert torch.equal(gated_act(gate_up[2:5], activation), y[2:5])
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("run through run_interpreted (TRITON_INTERPRET=1)")
+    globals()[f"check_{sys.argv[1]}"]()
