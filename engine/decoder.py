@@ -218,6 +218,10 @@ class BeamDecoder:
     def width(self, spec: SlotSpec) -> int:
         return spec.beam_width if self.max_width is None else min(spec.beam_width, self.max_width)
 
+    def max_rows(self, spec: SlotSpec) -> int:
+        """The most rows it may feed to decoding passes (a hint for its slot's K/V capacity)."""
+        return self.width(spec) * spec.max_tokens
+
     def needs(self, state: DecodeState, vocab: SlotVocab) -> list[RowNeed]:
         """Per live hypothesis: its `width` best allowed tokens, and END where its number is complete."""
         spec = state.spec
@@ -278,6 +282,9 @@ class GenerateDecoder:
     """Mode "generate": one path, greedy (no seed) or sampled at `temperature` (seed).
     p is the model's own (untempered) probability of the text and of how it ended."""
 
+    def max_rows(self, spec: SlotSpec) -> int:
+        return spec.max_tokens
+
     def needs(self, state: DecodeState, vocab: SlotVocab) -> list[RowNeed]:
         if state.generator is None:
             return [RowNeed(1, ALL)]  # argmax: the best token, ties to the lowest id
@@ -325,6 +332,9 @@ class ForcedDecoder:
         self.paths = set(paths)
         self.prefixes = {path[:length] for path in self.paths for length in range(len(path))}  # proper prefixes
         self.logprobs: dict[tuple[int, ...], float] = {}
+
+    def max_rows(self, spec: SlotSpec) -> int:
+        return len(self.prefixes) + len(self.paths)  # each prefix (and each grammar path, for END) once
 
     def needs(self, state: DecodeState, vocab: SlotVocab) -> list[RowNeed]:
         spec = state.spec

@@ -3,8 +3,9 @@
     packed pass (RunnerOutput.slot_logprobs, .slot_kv) --Extraction.collect--> SlotJob per slot,
         first decoder step already taken from the read's distribution
     live SlotJobs --prepare_decode_batch--> DecodeBatch (one span per slot: its live
-        hypotheses' last tokens; one RowNeed per row) --runner.decode--> log-probs [S, V] on
-        the device --decoder.select--> Candidates per row (k best, END) on the host
+        hypotheses' last tokens; one RowNeed per row; the slots' K/V in the KVStore's arenas,
+        the spans grouped for one SDPA per layer and group) --runner.decode--> log-probs [S, V]
+        on the device --decoder.select--> Candidates per row (k best, END) on the host
         --decoder.advance--> next hypotheses
     finished SlotJobs --decoder.answers--> answers, residual (engine/responses.py)
     slots asking `floor`: floor prompt (user contents emptied) read as a slot of its own tree
@@ -12,7 +13,8 @@
 
 Every step serves all live slots of all requests together, in as few passes as the token
 budget allows. A slot's rows start at a multiple of SCORE_CHUNK and attend only to its own
-K/V, so its answers do not depend on what else is decoded beside it.
+K/V, through an attention problem whose shapes depend only on that slot (engine/kv_cache.py),
+so its answers do not depend on what else is decoded beside it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from engine.decoder import (
     select,
     start_state,
 )
-from engine.kv_cache import DecodeMetadata, DecodeSpan, SlotKV, decode_mask
+from engine.kv_cache import DecodeMetadata, DecodeSpan, KVStore, SlotKV, decode_mask, group_spans
 from engine.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.packer import PAD_TOKEN_ID, PackedBatch, pack_trees, padded
 from engine.runner import RunnerOutput
@@ -67,7 +69,7 @@ class DecodeBatch:
     jobs: list[SlotJob]
     input_ids: torch.Tensor  # [T] long, T a multiple of ROW_CHUNK: each live hypothesis's last token
     positions: torch.Tensor  # [T] long
-    decode: DecodeMetadata  # one span per job
+    decode: DecodeMetadata  # one span per job, grouped for attention
     scored_index: torch.Tensor  # [S] long: every span row (S a multiple of SCORE_CHUNK)
     needs: list[RowNeed | None]  # [S] what each row's hypothesis needs (None: padding)
     vocab: SlotVocab
@@ -153,16 +155,19 @@ def _first_step(jobs: dict[int, SlotJob], slot_logprobs: torch.Tensor, vocab: Sl
 
 def _decode(jobs: list[SlotJob], runner, max_num_rows: int, vocab: SlotVocab | None) -> None:
     """Decoding passes over the jobs' kept K/V until every one is done."""
+    store = KVStore()  # the jobs' K/V while they are decoded
     while True:
         live = [job for job in jobs if not job.state.is_done]
         if not live:
             return
         for group in _groups(live, max_num_rows):
-            batch = prepare_decode_batch(group, vocab)
+            batch = prepare_decode_batch(group, vocab, store)
             candidates = runner.decode(batch)
             for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
                 job.pass_ids.add(runner.num_passes)
                 _advance(job, span, candidates[span.start : span.start + span.num_real], vocab)
+                if job.state.is_done:
+                    store.release(job.kv)
 
 
 def _advance(job: SlotJob, span: DecodeSpan, candidates: list[Candidates], vocab: SlotVocab) -> None:
@@ -188,7 +193,10 @@ def _groups(jobs: list[SlotJob], max_num_rows: int) -> list[list[SlotJob]]:
     return groups
 
 
-def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab) -> DecodeBatch:
+def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore) -> DecodeBatch:
+    """The jobs' next rows; each job's K/V gets room for them in `store` first."""
+    store.reserve([job.kv for job in jobs], [padded(len(job.state.live), SCORE_CHUNK) for job in jobs],
+                  [job.decoder.max_rows(job.spec) for job in jobs])
     input_ids: list[int] = []
     positions: list[int] = []
     spans: list[DecodeSpan] = []
@@ -203,14 +211,14 @@ def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab) -> DecodeBatch:
         positions += new_positions
         new = torch.tensor(new_positions, dtype=torch.long)
         mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
-        spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, torch.cat((job.kv.positions, new)), new))
+        spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, new))
     num_scored = len(input_ids)
     num_pad = padded(num_scored, ROW_CHUNK) - num_scored
     return DecodeBatch(
         jobs=jobs,
         input_ids=torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
         positions=torch.tensor(positions + [0] * num_pad, dtype=torch.long),
-        decode=DecodeMetadata(spans),
+        decode=DecodeMetadata(spans, group_spans(spans)),
         scored_index=torch.arange(num_scored),
         needs=needs,
         vocab=vocab,

@@ -1,12 +1,19 @@
-"""Slot answers are bit-identical to the decoding as it was before candidate selection moved
-to the device: a slow reference path kept here (whole [rows, V] log-softmax rows on the host,
-the decoder's per-hypothesis topk / logsumexp over them, the decode attention that moved its
-masks to the device every layer and appended K/V with a second copy). Tiny random qwen3
-(sliding layers, 152k vocabulary) and gemma3_text (262k vocabulary, softcapping)."""
+"""Slot answers match the decoding as it was before candidate selection moved to the device
+and before decoding attention was batched: a slow reference path kept here (whole [rows, V]
+log-softmax rows on the host, the decoder's per-hypothesis topk / logsumexp over them, one
+SDPA per slot per layer over exactly its L + n keys, K/V appended by torch.cat). Tiny random
+qwen3 (sliding layers, 152k vocabulary) and gemma3_text (262k vocabulary, softcapping).
+
+Not bit for bit: the batched attention (engine/kv_cache.py) pads each slot's keys to its
+capacity (masked) and folds GQA query heads into rows, which changes SDPA's reduction order
+in the last bits. So the answer texts, values, order, options and usage are equal and p,
+residual and floor_p agree within 1e-5; bit identity alone vs. batched is checked by
+tests/engine/test_extraction_invariance.py."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,7 +23,10 @@ import engine.kv_cache as kv_cache
 from engine.attention import AttentionMetadata, sdpa
 from engine.decoder import END, DecodeState, Finished, Hypothesis, _Proposal, decoder_for, start_state
 from engine.floors import FloorCache
-from engine.extraction import Extraction, SlotJob, _groups, prepare_decode_batch
+from engine.extraction import Extraction, SlotJob, _groups
+from engine.kv_cache import decode_mask
+from engine.ops import ROW_CHUNK, SCORE_CHUNK
+from engine.packer import PAD_TOKEN_ID, padded
 from engine.runner import chunked_log_softmax
 from engine.slots import is_complete
 from spinf_jobs.protocol import ScoringRequest
@@ -123,6 +133,43 @@ def _old_step(job: SlotJob, dists: torch.Tensor, vocab, beam) -> None:
         _old_beam_step(job.state, dists, vocab, beam.width(job.spec))
 
 
+@dataclass(slots=True)
+class _OldSpan:
+    start: int
+    num_rows: int
+    num_real: int
+    kv: object
+    mask: torch.Tensor  # [num_rows, L + num_rows]
+    key_positions: torch.Tensor  # [L + num_rows]
+    positions: torch.Tensor  # [num_rows]
+
+
+@dataclass(slots=True)
+class _OldBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    spans: list[_OldSpan]
+    scored_index: torch.Tensor
+
+
+def _old_prepare_decode_batch(jobs: list[SlotJob]) -> _OldBatch:
+    input_ids, positions, spans = [], [], []
+    for job in jobs:
+        live = job.state.live
+        start, num_rows = len(input_ids), padded(len(live), SCORE_CHUNK)
+        num_pad = num_rows - len(live)
+        new_positions = [job.num_prompt_tokens + len(hyp.ids) - 1 for hyp in live] + [0] * num_pad
+        input_ids += [hyp.ids[-1] for hyp in live] + [PAD_TOKEN_ID] * num_pad
+        positions += new_positions
+        new = torch.tensor(new_positions, dtype=torch.long)
+        mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
+        spans.append(_OldSpan(start, num_rows, len(live), job.kv, mask, torch.cat((job.kv.positions, new)), new))
+    num_scored = len(input_ids)
+    num_pad = padded(num_scored, ROW_CHUNK) - num_scored
+    return _OldBatch(torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
+                     torch.tensor(positions + [0] * num_pad, dtype=torch.long), spans, torch.arange(num_scored))
+
+
 def _old_decode_attention(q, k, v, meta, layer, scale, sliding_window=None):
     out = torch.zeros_like(q)
     for span in meta.spans:
@@ -162,12 +209,12 @@ class _OldExtraction(Extraction):
             if not live:
                 return
             for group in _groups(live, max_num_rows):
-                batch = prepare_decode_batch(group, vocab)
-                attention = AttentionMetadata(spans=[], decode=batch.decode)
+                batch = _old_prepare_decode_batch(group)
+                attention = AttentionMetadata(spans=[], decode=batch)
                 logits = runner.model(batch.input_ids, batch.positions, attention, batch.scored_index)
                 runner.num_passes += 1
                 logprobs = chunked_log_softmax(logits)
-                for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
+                for job, span in zip(group, batch.spans, strict=True):
                     job.pass_ids.add(runner.num_passes)
                     first_row = job.kv.num_rows
                     job.kv.positions = torch.cat((job.kv.positions, span.positions[: span.num_real]))
@@ -185,7 +232,7 @@ def _requests() -> list[ScoringRequest]:
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
-def test_slot_answers_bit_identical_to_the_whole_row_decoder(tiny_engine, monkeypatch, family):
+def test_slot_answers_match_the_whole_row_decoder(tiny_engine, monkeypatch, family):
     engine = tiny_engine(family)
     requests = _requests()
     engine.floors = FloorCache(engine.config.floor_cache_size)  # both runs compute their floor
@@ -197,4 +244,24 @@ def test_slot_answers_bit_identical_to_the_whole_row_decoder(tiny_engine, monkey
         old = engine.score_batch(requests).results
     answers = [a for r in new for q in r.results for c in q.combinations for a in (c.answers or [])]
     assert len(answers) >= 40 and len({a.text for a in answers}) > 10
-    assert [r.model_dump() for r in new] == [r.model_dump() for r in old]  # every p, residual and usage
+    largest = max(_differences([r.model_dump() for r in new], [r.model_dump() for r in old]), default=0.0)
+    print(f"{family}: max |Δ| of p / residual / floor_p over {len(answers)} answers: {largest:.1e}")
+    assert largest <= TOLERANCE
+
+
+TOLERANCE = 1e-5  # |Δp|, |Δ residual|, |Δ floor_p|; everything else equal
+
+
+def _differences(new, old, key: str = "") -> list[float]:
+    """|new - old| of every p, residual and floor_p of an answer (or of a slot's residual);
+    asserts that everything else is equal (texts, values, order, options, usage)."""
+    if isinstance(new, dict):
+        assert new.keys() == old.keys(), key
+        return [d for k in new for d in _differences(new[k], old[k], k)]
+    if isinstance(new, list):
+        assert len(new) == len(old), key
+        return [d for n, o in zip(new, old) for d in _differences(n, o, key)]
+    if key in ("p", "residual", "floor_p") and isinstance(new, float) and isinstance(old, float):
+        return [abs(new - old)]
+    assert new == old, (key, new, old)
+    return []

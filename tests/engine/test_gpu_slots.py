@@ -46,3 +46,40 @@ def test_gpu_slot_answers_alone_vs_packed_are_bit_identical():
             ps = [p for _, p in answers[:-1]]
             assert ps == sorted(ps, reverse=True) and all(0 < p <= 1 for p in ps)
             assert math.isclose(sum(ps) + answers[-1], 1.0, abs_tol=1e-6) or answers[-1] == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_batched_decode_attention_shares_sdpa_and_never_syncs(monkeypatch):
+    """Decoding attention (engine/kv_cache.py) on CUDA: one SDPA per (capacity, rows) group,
+    fewer than the slots; no host sync inside it (sync debug mode "error"); the answers of a
+    content alone and packed with contents of other lengths are bit-identical."""
+    if not torch.cuda.is_available():
+        pytest.fail("needs CUDA (run through the device tool)")
+    import random_models
+    from slot_workload import load_slot_queries, with_slots
+    from workloads import load_workload
+
+    import engine.kv_cache as kv_cache
+    from spinf_jobs.protocol import ScoringRequest
+
+    hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=2)
+    engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
+                                       "gemma-3-12b", "slots", 16384)
+    plain = load_workload("news").requests(engine.model_name, 6, 4)
+    requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, load_slot_queries("news", 5))]
+    alone = engine.score_batch([requests[2]]).results[0]
+    attention, calls = kv_cache.decode_attention, []
+
+    def strict(q, k, v, meta, *args, **kwargs):
+        calls.append((len(meta.spans), len(meta.groups)))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return attention(q, k, v, meta, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(kv_cache, "decode_attention", strict)
+    packed = engine.score_batch(requests).results
+    assert _slots(alone) == _slots(packed[2])
+    assert calls and all(groups <= slots for slots, groups in calls)
+    assert sum(groups for _, groups in calls) * 4 <= sum(slots for slots, _ in calls), calls
