@@ -1,7 +1,8 @@
-"""GPU: extraction slots decoded on CUDA (a 6-layer cut of the Gemma-3-12B architecture, random
-weights, real tokenizer): a content's slot answers are bit-identical alone vs packed with
-the other contents, and every slot's answers are a proper distribution (sorted by p, each p
-in (0, 1], p + residual = 1)."""
+"""GPU: extraction slots decoded on CUDA (a 6- or 2-layer cut of the Gemma-3-12B architecture,
+random weights, real tokenizer): a content's slot answers are bit-identical alone vs packed
+with the other contents, and every slot's answers are a proper distribution (sorted by p,
+each p in (0, 1], p + residual = 1); batched decoding attention shares its SDPA calls and
+never syncs the host."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def _slots(response) -> dict:
             for q in response.results if q.combinations[0].answers is not None}
 
 
-@pytest.mark.gpu
-def test_gpu_slot_answers_alone_vs_packed_are_bit_identical():
+def _news_slots(num_layers: int, num_slots: int) -> tuple:
+    """(engine, 6 news requests with `num_slots` slot queries each) on a random Gemma-3-12B cut."""
     if not torch.cuda.is_available():
         pytest.fail("needs CUDA (run through the device tool)")
     import random_models
@@ -30,11 +31,16 @@ def test_gpu_slot_answers_alone_vs_packed_are_bit_identical():
 
     from spinf_jobs.protocol import ScoringRequest
 
-    hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=6)
+    hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=num_layers)
     engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
                                        "gemma-3-12b", "slots", 16384)
     plain = load_workload("news").requests(engine.model_name, 6, 4)
-    requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, load_slot_queries("news", 4))]
+    return engine, [ScoringRequest.model_validate(r) for r in with_slots(plain, load_slot_queries("news", num_slots))]
+
+
+@pytest.mark.gpu
+def test_gpu_slot_answers_alone_vs_packed_are_bit_identical():
+    engine, requests = _news_slots(num_layers=6, num_slots=4)
     packed = engine.score_batch(requests).results
     for index in (0, 5):
         alone = engine.score_batch([requests[index]]).results[0]
@@ -53,20 +59,9 @@ def test_gpu_batched_decode_attention_shares_sdpa_and_never_syncs(monkeypatch):
     """Decoding attention (engine/kv_cache.py) on CUDA: one SDPA per (capacity, rows) group,
     fewer than the slots; no host sync inside it (sync debug mode "error"); the answers of a
     content alone and packed with contents of other lengths are bit-identical."""
-    if not torch.cuda.is_available():
-        pytest.fail("needs CUDA (run through the device tool)")
-    import random_models
-    from slot_workload import load_slot_queries, with_slots
-    from workloads import load_workload
-
     import engine.kv_cache as kv_cache
-    from spinf_jobs.protocol import ScoringRequest
 
-    hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=2)
-    engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
-                                       "gemma-3-12b", "slots", 16384)
-    plain = load_workload("news").requests(engine.model_name, 6, 4)
-    requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, load_slot_queries("news", 5))]
+    engine, requests = _news_slots(num_layers=2, num_slots=5)
     alone = engine.score_batch([requests[2]]).results[0]
     attention, calls = kv_cache.decode_attention, []
 
