@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import add_rms_norm as add_rms_norm_kernels
 from engine.kernels import fp8_matmul, gated_act, matmul
 from engine.kernels import rms_norm as rms_norm_kernels
 from engine.kernels.fp8_matmul import Fp8Weight
@@ -71,6 +72,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (x32 * (weight.float() + weight_offset)).to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, norm: tuple | None, delta_norm: tuple | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The residual step: x [T, D] += delta_norm(delta) (delta as is when None), then
+    h = norm(x) (None when norm is None). norm / delta_norm: (weight, eps, weight_offset).
+    One fused kernel on CUDA, bit-identical to these unfused ops there."""
+    if x.is_cuda:
+        return add_rms_norm_kernels.add_rms_norm(x, delta, norm, delta_norm)
+    if delta_norm is not None:
+        delta = rms_norm(delta, *delta_norm)
+    x = x + delta
+    return x, (rms_norm(x, *norm) if norm is not None else None)
 
 
 def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:

@@ -54,12 +54,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
         rows = rows.contiguous()
     y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
-        block = max(16, 1 << (num_cols - 1).bit_length())
+        block, num_warps = norm_launch_config(num_cols)
         rms_norm_kernel[(rows.shape[0],)](
-            rows, weight, y, rows.stride(0), num_cols, eps, weight_offset, BLOCK_D=block,
-            num_warps=min(16, max(1, block // 512)),
+            rows, weight, y, rows.stride(0), num_cols, eps, weight_offset, BLOCK_D=block, num_warps=num_warps,
         )
     return y.view(x.shape)
+
+
+def norm_launch_config(num_cols: int) -> tuple[int, int]:
+    """(BLOCK_D, num_warps) of a row norm over num_cols: they fix the reduction order, so every
+    kernel that must match rms_norm's bits (add_rms_norm.py) launches with these."""
+    block = max(16, 1 << (num_cols - 1).bit_length())
+    return block, min(16, max(1, block // 512))
 
 
 @jit

@@ -142,6 +142,22 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps, self.weight_offset)
 
+    @property
+    def params(self) -> tuple[torch.Tensor, float, float]:
+        """(weight, eps, weight_offset): the norm as `ops.add_rms_norm` takes it."""
+        return self.weight, self.eps, self.weight_offset
+
+
+def run_decoder_layers(layers, x: torch.Tensor, ropes: dict, attn: AttentionMetadata) -> torch.Tensor:
+    """x: [T, D] embeddings -> the residual stream after the last layer (before the final norm).
+    A layer takes (x, h = its input_layernorm(x)) and returns the next layer's pair: the residual
+    add and the next norm are one fused kernel on CUDA (`ops.add_rms_norm`)."""
+    h = layers[0].input_layernorm(x)
+    for index, layer in enumerate(layers):
+        next_norm = layers[index + 1].input_layernorm.params if index + 1 < len(layers) else None
+        x, h = layer(x, h, ropes[layer.layer_type], attn, next_norm)
+    return x
+
 
 class RotaryTable:
     """inv_freq of one RoPE flavour (fp32, CPU master copy) and HF's attention_scaling."""

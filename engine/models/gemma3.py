@@ -29,8 +29,9 @@ from engine.models.common import (
     embed_scale,
     layer_types_of,
     rotary_table,
+    run_decoder_layers,
 )
-from engine.ops import norm_rope
+from engine.ops import add_rms_norm, norm_rope
 
 GEMMA_NORM_OFFSET = 1.0  # Gemma stores the RMSNorm scale as (scale - 1)
 
@@ -66,9 +67,14 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
         self.post_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, attn))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+    def forward(
+        self, x: torch.Tensor, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
+        next_norm: tuple | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: residual [T, D], h = input_layernorm(x) -> (x after the layer, next_norm(x) or None)."""
+        attn_out = self.self_attn(h, rope, attn)
+        x, h = add_rms_norm(x, attn_out, self.pre_feedforward_layernorm.params, self.post_attention_layernorm.params)
+        return add_rms_norm(x, self.mlp(h), next_norm, self.post_feedforward_layernorm.params)
 
 
 class Gemma3Backbone(nn.Module):
@@ -101,6 +107,4 @@ class Gemma3ForCausalLM(CausalLM):
         x = self.model.embed_tokens(input_ids)  # [T, D]
         x = x * embed_scale(self.config, x.dtype).item()  # the scale is exact in x's dtype
         ropes = {t: table.cos_sin(positions, x.dtype) for t, table in self.rope_tables.items()}
-        for layer in self.model.layers:
-            x = layer(x, ropes[layer.layer_type], attn)
-        return x  # [T, D]
+        return run_decoder_layers(self.model.layers, x, ropes, attn)  # [T, D]

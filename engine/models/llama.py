@@ -28,8 +28,9 @@ from engine.models.common import (
     RotaryTable,
     layer_types_of,
     rotary_table,
+    run_decoder_layers,
 )
-from engine.ops import apply_rope, norm_rope
+from engine.ops import add_rms_norm, apply_rope, norm_rope
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -88,9 +89,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
+        next_norm: tuple | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: residual [T, D], h = input_layernorm(x) -> (x after the layer, next_norm(x) or None)."""
+        x, h = add_rms_norm(x, self.self_attn(h, rope, attn), self.post_attention_layernorm.params)
+        return add_rms_norm(x, self.mlp(h), next_norm)
 
 
 class LlamaBackbone(nn.Module):
@@ -120,6 +125,4 @@ class LlamaForCausalLM(CausalLM):
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # [T, D]
         ropes = {t: table.cos_sin(positions, x.dtype) for t, table in self.rope_tables.items()}
-        for layer in self.model.layers:
-            x = layer(x, ropes[layer.layer_type], attn)
-        return x  # [T, D]
+        return run_decoder_layers(self.model.layers, x, ropes, attn)  # [T, D]

@@ -62,6 +62,25 @@ def check_gated_act() -> None:
             assert torch.equal(gated_act(gate_up[2:5], activation), y[2:5])
 
 
+def check_add_rms_norm() -> None:
+    import torch
+
+    from engine.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
+    from kernel_inputs import fresh
+
+    # fp32: tight. bf16: truncating roundings here (a sum that cancels keeps an operand's ulp)
+    for dtype, rtol, atol in ((torch.float32, 1e-5, 1e-5), (torch.bfloat16, 3 * 2**-7, 0.1)):
+        x, delta = fresh((5, 200), dtype=dtype, seed=1, scale=3.0), fresh((5, 300), dtype=dtype, seed=2)[:, :200]
+        norm, delta_norm = (fresh((200,), dtype=dtype, seed=3), 1e-6, 1.0), (fresh((200,), dtype=dtype, seed=4), 1e-5, 0.0)
+        for args in ((norm, delta_norm), (norm, None), (None, delta_norm)):
+            got, want = add_rms_norm(x, delta, *args), add_rms_norm_reference(x, delta, *args)
+            for g, w in zip(got, want):
+                assert (g is None) == (w is None) and (g is None or g.dtype == dtype)
+                if g is not None:
+                    torch.testing.assert_close(g.float(), w.float(), rtol=rtol, atol=atol)
+            assert torch.equal(add_rms_norm(x[1:3], delta[1:3], *args)[0], got[0][1:3])
+
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run through run_interpreted (TRITON_INTERPRET=1)")

@@ -1,0 +1,81 @@
+"""Residual add fused with the RMSNorms around it: one read of the stream per sub-block.
+
+    x [R, D] (residual), delta [R, D] (attention or MLP output)
+      ──add_rms_norm_kernel (one program per row, one fixed block)──>
+        x_new = round(x + round(delta_norm(delta)))   # Gemma 3: post-attention / post-ffw norm
+                                                       # (llama: delta as is)
+        h     = round(norm(x_new))                     # the next sub-block's input norm
+
+Unfused this is rms_norm (read D, write D), the torch add (read 2D, write D) and rms_norm
+again (read D, write D); fused it reads 2D and writes 2D. The kernel rounds exactly as the
+unfused path (each norm's output and the sum rounded to the dtype, the second norm over the
+rounded sum) and reduces a row with the block and warps of `rms_norm_kernel`, so on the GPU
+its outputs are bit-identical to rms_norm + torch add + rms_norm (tests/engine/kernels/).
+One program per row: a row's bits depend on the row alone (batch invariant).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kernels._triton import HAS_TRITON, jit, tl
+from engine.kernels.rms_norm import norm_launch_config, rms_norm_reference
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, delta: torch.Tensor, norm: tuple | None, delta_norm: tuple | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """norm, delta_norm: (weight, eps, weight_offset) or None -> (x + delta_norm(delta), norm(that))."""
+    if delta_norm is not None:
+        delta = rms_norm_reference(delta, *delta_norm)
+    x = x + delta
+    return x, (rms_norm_reference(x, *norm) if norm is not None else None)
+
+
+@jit
+def add_rms_norm_kernel(
+    x_ptr, d_ptr, dw_ptr, w_ptr, x_out_ptr, h_ptr, stride_x, stride_d, D, d_eps, d_offset, eps, offset,
+    HAS_DELTA_NORM: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_D)
+    mask = offs < D
+    dtype = x_out_ptr.dtype.element_ty
+    d = tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DELTA_NORM:  # rms_norm_kernel's maths, rounded to the dtype
+        inv_rms = tl.rsqrt(tl.sum(d * d, axis=0) / D + d_eps)
+        dw = tl.load(dw_ptr + offs, mask=mask, other=0.0).to(tl.float32) + d_offset
+        d = (d * inv_rms * dw).to(dtype).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    s = (x + d).to(dtype)
+    tl.store(x_out_ptr + row * D + offs, s, mask=mask)
+    if HAS_NORM:
+        s = s.to(tl.float32)
+        inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / D + eps)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + offset
+        tl.store(h_ptr + row * D + offs, (s * inv_rms * w).to(dtype), mask=mask)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, norm: tuple | None, delta_norm: tuple | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Triton version of add_rms_norm_reference: x, delta [R, D] (last dim contiguous) ->
+    (x_new [R, D], h [R, D] or None when norm is None), x's dtype."""
+    if not HAS_TRITON:
+        raise RuntimeError("add_rms_norm: Triton is not installed")
+    if x.shape != delta.shape or x.dtype != delta.dtype or x.ndim != 2:
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype} vs delta {tuple(delta.shape)} {delta.dtype}")
+    x, delta = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, delta))
+    num_rows, num_cols = x.shape
+    x_new = torch.empty(num_rows, num_cols, dtype=x.dtype, device=x.device)
+    h = torch.empty_like(x_new) if norm is not None else None
+    if num_rows:
+        block, num_warps = norm_launch_config(num_cols)
+        w, eps, offset = norm if norm is not None else (x_new, 0.0, 0.0)
+        dw, d_eps, d_offset = delta_norm if delta_norm is not None else (x_new, 0.0, 0.0)
+        add_rms_norm_kernel[(num_rows,)](
+            x, delta, dw, w, x_new, h if h is not None else x_new, x.stride(0), delta.stride(0), num_cols,
+            d_eps, d_offset, eps, offset, HAS_DELTA_NORM=delta_norm is not None, HAS_NORM=norm is not None,
+            BLOCK_D=block, num_warps=num_warps,
+        )
+    return x_new, h
