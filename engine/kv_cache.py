@@ -18,15 +18,16 @@ SDPA per layer for each (capacity, rows) pair present (a few, not one per slot).
 Batch invariance (a slot's answers do not depend on what is decoded beside it):
 - A slot's attention problem has shapes that depend only on that slot: n query rows (its live
   hypotheses padded to SCORE_CHUNK; with GQA its Hq/Hkv query heads folded into G·n rows of
-  one kv head, no K/V copy) against C = capacity_for(its rows) keys, the padding keys masked.
-  C depends on its own row count only, never on the longest slot of the pass.
+  one kv head, no K/V copy) against C keys, the padding keys masked. C = capacity_for(its
+  rows + its decoder's most rows) when it enters, capacity_for(its rows + n) if it outgrows
+  that: its own numbers only, never the longest slot of the pass.
 - SDPA computes each batch entry on its own: the same kernel, the same shapes, whatever the
   batch size or the entry's place in it (CPU: the flash kernel splits work by (entry, head,
   query block); CUDA: the memory-efficient kernel's grid is (query block, head, entry), no
   split over keys). `tests/engine/test_extraction_invariance.py` checks answers alone vs.
   batched bit for bit on CPU; `tests/engine/test_gpu_slots.py` on CUDA.
-- Keys past a slot's written rows are zeros or its own stale rows: finite, so masked keys add
-  exactly nothing (0 · v with v finite). Entries of the range not in this pass (finished or
+- Keys past a slot's written rows are zeros or stale rows (its own, or those of the entry's
+  earlier owner): finite, so masked keys add exactly nothing (score -inf, weight 0, 0 · v = 0). Entries of the range not in this pass (finished or
   decoded in another pass) get a dummy query and are discarded.
 Padding a slot's keys from L + n to C changes SDPA's reduction against the per-slot SDPA of
 before (tests/engine/test_extraction_reference.py: equal answers, |Δp| ≤ 1e-5).
