@@ -2,13 +2,17 @@
 sliding windows): a content's slot answers are bit-identical decoded alone or in passes
 shared with other contents' slots of other lengths (other K/V capacities, the same capacity
 at other arena entries), other widths (other rows per slot) and, with a small token budget,
-passes that hold only some of an arena's entries."""
+passes that hold only some of an arena's entries. On its own, decode_attention matches one
+SDPA per slot over exactly its keys, and a slot's output is bit-identical alone or in an
+entry another slot left (stale rows) and after it outgrows its arena."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import engine.kv_cache as kv_cache
+from engine.attention import sdpa
 from engine.kv_cache import capacity_for
 from spinf_jobs.protocol import ScoringRequest
 
@@ -67,3 +71,71 @@ def test_capacity_depends_only_on_the_rows_and_bounds_the_padding():
     assert sorted(set(capacities))[:8] == [64, 96, 128, 192, 256, 384, 512, 768]
     for n, capacity in enumerate(capacities, start=1):
         assert n <= capacity < max(1.5 * n + 1, 65) and capacity % 32 == 0
+
+
+# ---- decode_attention on its own: arenas, entry reuse, growth ----------------------------
+
+NUM_LAYERS, HQ, HKV, D = 2, 4, 2, 16
+
+
+def _slot(num_prompt: int, seed: int) -> kv_cache.SlotKV:
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(num_prompt, HKV, D, generator=g) for _ in range(NUM_LAYERS)]
+    values = [torch.randn(num_prompt, HKV, D, generator=g) for _ in range(NUM_LAYERS)]
+    return kv_cache.SlotKV(keys, values, torch.arange(num_prompt), num_prompt)
+
+
+def _rows(seed: int) -> tuple[torch.Tensor, ...]:
+    """q [8, Hq, d], k and v [8, Hkv, d] of one slot's rows in one pass."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(8, h, D, generator=g) for h in (HQ, HKV, HKV))
+
+
+def _attend(store, slots: list, num_real: list[int], step: int, window: int | None = None) -> list[tuple]:
+    """One pass over `slots` (8 rows each, `num_real` live; a slot's q/k/v from its prompt
+    length and the step): each slot's live output rows (layer 1) and their reference, one
+    SDPA over exactly its kept + new keys. The new rows join the slots."""
+    store.reserve(slots, [8] * len(slots), [0] * len(slots))
+    spans = []
+    for index, (kv, real) in enumerate(zip(slots, num_real)):
+        own = [list(range(kv.num_prompt_rows, kv.num_rows))] * real  # each row: every decoded row so far
+        positions = torch.full((8,), kv.num_rows)
+        spans.append(kv_cache.DecodeSpan(8 * index, 8, real, kv, kv_cache.decode_mask(kv, own, 8), positions))
+    meta = kv_cache.DecodeMetadata(spans, kv_cache.group_spans(spans))
+    blocks = [_rows(1000 * step + kv.num_prompt_rows) for kv in slots]
+    q, k, v = (torch.cat([b[i] for b in blocks] + [torch.zeros(8, *blocks[0][i].shape[1:])]) for i in range(3))
+    references = []
+    for span in spans:  # before the pass: the kept rows as the arena holds them
+        kept = slice(span.kv.entry, span.kv.entry + 1)
+        keys = torch.cat((span.kv.arena.keys[1][kept][0, : span.kv.num_rows], k[span.start : span.start + 8]))
+        values = torch.cat((span.kv.arena.values[1][kept][0, : span.kv.num_rows], v[span.start : span.start + 8]))
+        mask = span.mask
+        if window is not None:
+            key_positions = torch.cat((span.kv.positions, span.positions))
+            mask = mask & (span.positions[:, None] - key_positions[None, :] < window)
+        references.append(sdpa(q[span.start : span.start + 8], keys, values, mask, 0.25))
+    out = kv_cache.decode_attention(q, k, v, meta, 1, 0.25, window)
+    for span in spans:
+        span.kv.positions = torch.cat((span.kv.positions, span.positions[: span.num_real]))
+    return [(out[s.start : s.start + s.num_real], r[: s.num_real]) for s, r in zip(spans, references)]
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_attention_alone_vs_reused_entries_and_growth(window):
+    alone_store, target = kv_cache.KVStore(), _slot(50, 0)
+    alone = [_attend(alone_store, [target], [3], step, window)[0][0] for step in range(4)]
+
+    store, target = kv_cache.KVStore(), _slot(50, 0)
+    first = [_slot(20, 1), _slot(40, 2), _slot(100, 3)]
+    _attend(store, first, [8, 2, 5], 99, window)  # fills entries, then frees one of the 64s
+    kv_cache.KVStore.release(first[0])
+    batched = []
+    for step in range(4):  # the target takes first[0]'s stale entry; grows past 64 keys at step 3
+        results = _attend(store, [first[1], target, first[2]], [1, 3, 8], step, window)
+        batched.append(results[1][0])
+        assert step == 3 or (target.arena is first[1].arena and target.entry == 0)  # first[0]'s old entry
+        for out, reference in results:
+            assert torch.allclose(out, reference, atol=1e-5)
+    assert target.arena.capacity == 96 and first[1].arena.capacity == 64
+    for a, b in zip(alone, batched):
+        assert torch.equal(a, b)  # bit for bit
