@@ -11,7 +11,10 @@ visited) are the same wherever it sits: its attention is bit-identical alone or 
 Inside a partial block the mask_mod reads one bit of the span's mask:
     bits[row_base[q] + (kv - span_start[q]) // 32] >> ((kv - span_start[q]) % 32) & 1
 (+ `pos[q] - pos[kv] < window` on sliding layers). The stream is padded to a multiple of
-BUCKET tokens so flex_attention compiles once per bucket, not once per pass.
+BUCKET tokens so flex_attention compiles once per bucket, not once per pass. The padding is
+made once per pass, not per layer: `TreeBlockMasks.padded_buffer` is a [Tp, N] buffer with
+zero tail rows that every layer's fused q/k/v matmul writes (v comes padded, a view), and the
+q/k norm + RoPE kernel writes Tp rows, zero past T; only inputs of T rows are padded here.
 Construction is vectorised per span (numpy packbits, block any/all); there is no loop per
 token, so it costs a few milliseconds per 16k-token pass.
 """
@@ -50,6 +53,18 @@ class TreeBlockMasks:
     block_pos_min: torch.Tensor  # [Tp/64] int64 per block, for window classification
     block_pos_max: torch.Tensor
     _by_window: dict[int | None, BlockMask] = field(default_factory=dict)
+    _padded_buffers: dict[tuple, torch.Tensor] = field(default_factory=dict)
+
+    def padded_buffer(self, num_cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """[Tp, num_cols], rows past num_tokens zero, made once per pass: every layer's fused q/k/v
+        matmul writes its first num_tokens rows (the next layer overwrites them after this
+        layer's attention has read them: one stream), so v needs no pad and no copy."""
+        key = (num_cols, dtype, device)
+        if key not in self._padded_buffers:
+            buffer = torch.empty(self.num_padded, num_cols, dtype=dtype, device=device)
+            buffer[self.num_tokens :].zero_()  # finite padded keys/values (NaN would poison P @ V)
+            self._padded_buffers[key] = buffer
+        return self._padded_buffers[key]
 
     def for_window(self, window: int | None) -> BlockMask:
         if window not in self._by_window:
@@ -144,17 +159,21 @@ def build_tree_block_masks(spans, device: torch.device | str, bucket: int = BUCK
 
 
 def flex_tree_attention(
-    q: torch.Tensor,  # [T, Hq, d]
-    k: torch.Tensor,  # [T, Hkv, d]
-    v: torch.Tensor,  # [T, Hkv, d]
+    q: torch.Tensor,  # [T or Tp, Hq, d]
+    k: torch.Tensor,  # [T or Tp, Hkv, d]
+    v: torch.Tensor,  # [T or Tp, Hkv, d]
     masks: TreeBlockMasks,
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, d]
-    num_tokens, num_pad = q.shape[0], masks.num_padded - q.shape[0]
+    """Inputs already of Tp rows (zero past T: the models' padded q/k/v path) are used as they
+    are; inputs of T rows are padded here."""
+    num_tokens = masks.num_tokens
 
-    def heads_first(x: torch.Tensor) -> torch.Tensor:  # [T, H, d] -> [1, H, Tp, d]
-        return torch.nn.functional.pad(x, (0, 0, 0, 0, 0, num_pad)).transpose(0, 1)[None]
+    def heads_first(x: torch.Tensor) -> torch.Tensor:  # [T or Tp, H, d] -> [1, H, Tp, d]
+        if x.shape[0] != masks.num_padded:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, masks.num_padded - x.shape[0]))
+        return x.transpose(0, 1)[None]
 
     out = _flex(q.is_cuda)(
         heads_first(q), heads_first(k), heads_first(v), block_mask=masks.for_window(sliding_window),

@@ -40,22 +40,26 @@ def linear(
     bias: torch.Tensor | None = None,
     row_chunk: int = ROW_CHUNK,
     out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, D_in]; weight: [D_out, D_in] (or an Fp8Weight) -> [T, D_out] in out_dtype (x's).
 
     On CPU T must be a multiple of row_chunk. out_dtype=float32 on CUDA keeps the kernel's
-    fp32 accumulator (the LM head); on CPU it only casts."""
+    fp32 accumulator (the LM head); on CPU it only casts. `out`: a contiguous [T, D_out]
+    tensor of x's dtype to write into (the padded q/k/v buffer of attention_cuda)."""
     if isinstance(weight, Int8Weight):  # weight-only: dequantize, then the bf16 path
         weight = weight.dequantize(x.dtype)
+    if out is not None and (out_dtype not in (None, out.dtype) or out.dtype != x.dtype):
+        raise ValueError("linear: out= needs x's dtype")
     if x.is_cuda:
         if isinstance(weight, Fp8Weight):
-            out = fp8_matmul.fp8_linear(x, weight, bias)
-            return out if out_dtype in (None, out.dtype) else out.to(out_dtype)
-        return matmul.matmul(x, weight, bias, out_dtype=out_dtype)
+            y = fp8_matmul.fp8_linear(x, weight, bias, out=out)
+            return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
+        return matmul.matmul(x, weight, bias, out_dtype=out_dtype, out=out)
     num_rows = x.shape[0]
     if num_rows % row_chunk:
         raise ValueError(f"linear: {num_rows} rows is not a multiple of row_chunk={row_chunk}")
-    out = x.new_empty(num_rows, weight.shape[0])
+    out = matmul.output_buffer(out, num_rows, weight.shape[0], x.dtype, x.device)
     for start in range(0, num_rows, row_chunk):
         rows = slice(start, start + row_chunk)
         if isinstance(weight, Fp8Weight):  # quantize-dequantize emulation (drift studies)
@@ -114,9 +118,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def norm_rope(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, weight_offset: float = 0.0
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, weight_offset: float = 0.0,
+    num_rows_out: int | None = None,
 ) -> torch.Tensor:
-    """Per-head q/k RMSNorm then RoPE: x [T, H, d], cos/sin [T, 1, d]. One fused kernel on CUDA."""
+    """Per-head q/k RMSNorm then RoPE: x [T, H, d], cos/sin [T, 1, d] -> [num_rows_out or T, H, d],
+    rows past T zero (flex attention's padded stream). One fused kernel on CUDA."""
     if x.is_cuda:
-        return rms_norm_kernels.qk_norm_rope(x, weight, cos, sin, eps, weight_offset)
-    return apply_rope(rms_norm(x, weight, eps, weight_offset), cos, sin)
+        return rms_norm_kernels.qk_norm_rope(x, weight, cos, sin, eps, weight_offset, num_rows_out)
+    y = apply_rope(rms_norm(x, weight, eps, weight_offset), cos, sin)
+    return y if num_rows_out is None else F.pad(y, (0, 0, 0, 0, 0, num_rows_out - y.shape[0]))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kernels._triton import HAS_TRITON, jit, num_sms, tl
-from engine.kernels.matmul import TileConfig, _tile_coords, triton_cdiv
+from engine.kernels.matmul import TileConfig, _tile_coords, output_buffer, triton_cdiv
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -124,9 +124,9 @@ def fp8_matmul_persistent_kernel(
 
 def fp8_matmul(
     xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype = torch.bfloat16, tiles: TileConfig = FP8_TILES,
+    out_dtype: torch.dtype = torch.bfloat16, tiles: TileConfig = FP8_TILES, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """xq: [M, K] e4m3, x_scale: [M] -> [M, N] out_dtype."""
+    """xq: [M, K] e4m3, x_scale: [M] -> [M, N] out_dtype (written into `out` when given)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if not HAS_TRITON:
@@ -134,7 +134,7 @@ def fp8_matmul(
     if xq.shape[1] % tiles.block_k or xq.shape[1] != weight.shape[1]:
         raise ValueError(f"fp8_matmul: x {tuple(xq.shape)} vs w {tuple(weight.shape)} (block_k={tiles.block_k})")
     num_rows, num_cols = xq.shape[0], weight.shape[0]
-    y = torch.empty(num_rows, num_cols, dtype=out_dtype, device=xq.device)
+    y = output_buffer(out, num_rows, num_cols, out_dtype, xq.device)
     if num_rows == 0:
         return y
     x_desc = TensorDescriptor.from_tensor(xq, [tiles.block_m, tiles.block_k])
@@ -151,10 +151,12 @@ def fp8_matmul(
     return y
 
 
-def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_linear(
+    x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """x: [M, K] bf16 -> [M, N] bf16 through per-token quantization and the fp8 kernel."""
     xq, x_scale = quantize_rows(x)
-    return fp8_matmul(xq, x_scale, weight, bias, out_dtype=x.dtype)
+    return fp8_matmul(xq, x_scale, weight, bias, out_dtype=x.dtype if out is None else out.dtype, out=out)
 
 
 def fp8_linear_scaled_mm(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:

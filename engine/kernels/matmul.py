@@ -120,17 +120,19 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, block_k: int) -> None:
 def matmul(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     tiles: TileConfig | None = None, is_persistent: bool = True, out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [M, K] bf16, w: [N, K] bf16 (contiguous), bias: [N] or None -> [M, N] out_dtype.
 
     out_dtype defaults to x's; float32 keeps the accumulator unrounded (the LM head: a bf16
-    logit near 20 is only good to 0.06 nats)."""
-    out_dtype = out_dtype or x.dtype
+    logit near 20 is only good to 0.06 nats). `out`: a contiguous [M, N] tensor to write
+    (e.g. the first M rows of a padded buffer); the same bits as a fresh one."""
+    out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
     tiles = tiles or (FP32_OUT_TILES if out_dtype == torch.float32 else BF16_TILES)
     check_operands(x, w, tiles.block_k)
     x = x.contiguous()
     num_rows, num_cols = x.shape[0], w.shape[0]
-    y = torch.empty(num_rows, num_cols, dtype=out_dtype, device=x.device)
+    y = output_buffer(out, num_rows, num_cols, out_dtype, x.device)
     if num_rows == 0:
         return y
     bias_arg = bias if bias is not None else y
@@ -160,6 +162,15 @@ def _launch_persistent(x, w, y, bias_arg, has_bias: bool, tiles: TileConfig) -> 
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
         NUM_SMS=sms, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
+
+
+def output_buffer(out: torch.Tensor | None, num_rows: int, num_cols: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """`out` checked (contiguous [num_rows, num_cols], a TMA store target), or a new tensor."""
+    if out is None:
+        return torch.empty(num_rows, num_cols, dtype=dtype, device=device)
+    if tuple(out.shape) != (num_rows, num_cols) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {(num_rows, num_cols)} tensor, got {tuple(out.shape)} {out.stride()}")
+    return out
 
 
 def triton_cdiv(a: int, b: int) -> int:

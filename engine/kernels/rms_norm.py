@@ -70,45 +70,51 @@ def norm_launch_config(num_cols: int) -> tuple[int, int]:
 
 @jit
 def qk_norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, stride_t, stride_h, H, eps, weight_offset,
+    x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, stride_t, stride_h, H, T, eps, weight_offset,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(0).to(tl.int64)  # rows t >= T (padding of the output) are written as zeros
     heads = tl.arange(0, BLOCK_H)[:, None]  # [BH, 1]
     offs = tl.arange(0, HALF)[None, :]  # [1, HALF]
     mask = heads < H
+    is_row = (t + offs * 0) < T  # [1, HALF]: a tensor mask (the interpreter takes no scalar one)
     base = x_ptr + t * stride_t + heads * stride_h
-    x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)  # [BH, HALF]
-    x2 = tl.load(base + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(base + offs, mask=mask & is_row, other=0.0).to(tl.float32)  # [BH, HALF]
+    x2 = tl.load(base + HALF + offs, mask=mask & is_row, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
     w1 = tl.load(w_ptr + offs).to(tl.float32) + weight_offset
     w2 = tl.load(w_ptr + HALF + offs).to(tl.float32) + weight_offset
     # Round the normed values to the output dtype first, as the unfused path does.
     y1 = (x1 * inv_rms * w1).to(y_ptr.dtype.element_ty).to(tl.float32)
     y2 = (x2 * inv_rms * w2).to(y_ptr.dtype.element_ty).to(tl.float32)
-    cos1 = tl.load(cos_ptr + t * 2 * HALF + offs).to(tl.float32)
-    cos2 = tl.load(cos_ptr + t * 2 * HALF + HALF + offs).to(tl.float32)
-    sin1 = tl.load(sin_ptr + t * 2 * HALF + offs).to(tl.float32)
-    sin2 = tl.load(sin_ptr + t * 2 * HALF + HALF + offs).to(tl.float32)
+    cos1 = tl.load(cos_ptr + t * 2 * HALF + offs, mask=is_row, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_ptr + t * 2 * HALF + HALF + offs, mask=is_row, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + t * 2 * HALF + offs, mask=is_row, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_ptr + t * 2 * HALF + HALF + offs, mask=is_row, other=0.0).to(tl.float32)
     out = y_ptr + t * H * 2 * HALF + heads * 2 * HALF
     tl.store(out + offs, (y1 * cos1 - y2 * sin1).to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(out + HALF + offs, (y2 * cos2 + y1 * sin2).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def qk_norm_rope(
-    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, weight_offset: float = 0.0
+    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, weight_offset: float = 0.0,
+    num_rows_out: int | None = None,
 ) -> torch.Tensor:
-    """x: [T, H, d] (last dim contiguous, any token/head strides), cos/sin: [T, d] -> [T, H, d]."""
+    """x: [T, H, d] (last dim contiguous, any token/head strides), cos/sin: [T, d] ->
+    [num_rows_out or T, H, d]; rows past T are zeros (the padded stream of flex attention)."""
     if not HAS_TRITON:
         raise RuntimeError("qk_norm_rope: Triton is not installed")
     num_tokens, num_heads, head_dim = x.shape
     if x.stride(-1) != 1 or head_dim & (head_dim - 1):
         raise ValueError(f"qk_norm_rope: needs a contiguous power-of-two head_dim, got {tuple(x.shape)}")
     cos, sin = cos.reshape(num_tokens, head_dim).contiguous(), sin.reshape(num_tokens, head_dim).contiguous()
-    y = torch.empty(num_tokens, num_heads, head_dim, dtype=x.dtype, device=x.device)
-    if num_tokens:
-        qk_norm_rope_kernel[(num_tokens,)](
-            x, weight, cos, sin, y, x.stride(0), x.stride(1), num_heads, eps, weight_offset,
+    num_rows_out = num_tokens if num_rows_out is None else num_rows_out
+    if num_rows_out < num_tokens:
+        raise ValueError(f"qk_norm_rope: num_rows_out={num_rows_out} < {num_tokens} rows")
+    y = torch.empty(num_rows_out, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    if num_rows_out:
+        qk_norm_rope_kernel[(num_rows_out,)](
+            x, weight, cos, sin, y, x.stride(0), x.stride(1), num_heads, num_tokens, eps, weight_offset,
             HALF=head_dim // 2, BLOCK_H=max(2, 1 << (num_heads - 1).bit_length()), num_warps=4,
         )
     return y

@@ -43,8 +43,8 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
-    def forward(self, x: torch.Tensor, row_chunk: int = ROW_CHUNK) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, row_chunk=row_chunk)
+    def forward(self, x: torch.Tensor, row_chunk: int = ROW_CHUNK, out: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, row_chunk=row_chunk, out=out)
 
     @classmethod
     def fused(cls, parts: list[Linear]) -> Linear:
@@ -94,9 +94,21 @@ class QKVProjections(nn.Module):
     def fuse_projections(self) -> None:
         fuse_linears(self, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
 
-    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [T, D] -> q [T, Hq, d], k [T, Hkv, d], v [T, Hkv, d] (views of one matmul's output)."""
-        return split_heads(self.qkv_proj(x), self.num_heads, self.num_kv_heads, self.head_dim)
+    def project_qkv(
+        self, x: torch.Tensor, attn: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int | None]:
+        """x: [T, D] -> q [T, Hq, d], k [T, Hkv, d], v [T or Tp, Hkv, d] (views of one matmul's
+        output), and Tp or None. On a packed flex pass (`attn.block_mask`) the matmul writes the
+        first T rows of the pass's [Tp, N] buffer whose tail rows are zero: v is already padded
+        for flex attention, and q/k are to be normed into Tp rows (`norm_rope(num_rows_out=Tp)`)."""
+        masks = attn.block_mask if attn.decode is None else None
+        if masks is None:
+            return (*split_heads(self.qkv_proj(x), self.num_heads, self.num_kv_heads, self.head_dim), None)
+        num_rows = x.shape[0]
+        buffer = masks.padded_buffer(self.qkv_proj.weight.shape[0], x.dtype, x.device)  # [Tp, N]
+        self.qkv_proj(x, out=buffer[:num_rows])
+        q, k, v = split_heads(buffer, self.num_heads, self.num_kv_heads, self.head_dim)  # [Tp, H, d]
+        return q[:num_rows], k[:num_rows], v, masks.num_padded
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:  # [T, Hq, d] -> [T, D]
         return self.o_proj(out.reshape(out.shape[0], self.num_heads * self.head_dim))

@@ -46,10 +46,10 @@ class Gemma3Attention(QKVProjections):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, GEMMA_NORM_OFFSET)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.project_qkv(x)  # [T, Hq, d], [T, Hkv, d], [T, Hkv, d]
+        q, k, v, num_padded = self.project_qkv(x, attn)  # [T, Hq, d], [T, Hkv, d], [T or Tp, Hkv, d]
         cos, sin = rope  # [T, 1, d]
-        q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin, GEMMA_NORM_OFFSET)
-        k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin, GEMMA_NORM_OFFSET)
+        q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin, GEMMA_NORM_OFFSET, num_padded)
+        k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin, GEMMA_NORM_OFFSET, num_padded)
         out = tree_attention(q, k, v, attn, self.scale, self.sliding_window, self.layer_index)  # [T, Hq, d]
         return self.project_out(out)  # [T, D]
 

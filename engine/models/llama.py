@@ -68,12 +68,12 @@ class Attention(QKVProjections):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.project_qkv(x)  # [T, Hq, d], [T, Hkv, d], [T, Hkv, d]
+        q, k, v, num_padded = self.project_qkv(x, attn)  # [T, Hq, d], [T, Hkv, d], [T or Tp, Hkv, d]
         cos, sin = rope  # [T, 1, d]
         if self.q_norm is not None:  # qwen3: per-head RMSNorm, then RoPE (one fused kernel on CUDA)
-            q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
-            k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
-        else:
+            q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin, num_rows_out=num_padded)
+            k = norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin, num_rows_out=num_padded)
+        else:  # [T] rows: flex attention pads q and k (v comes padded)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = tree_attention(q, k, v, attn, self.scale, self.sliding_window, self.layer_index)  # [T, Hq, d]
         return self.project_out(out)  # [T, D]

@@ -213,3 +213,22 @@ def test_loading_fuses_the_projections(models, tiny_checkpoint, family):
     if f"{prefix}self_attn.q_proj.bias" in state:  # qwen2
         assert torch.equal(attn.qkv_proj.bias, torch.cat([state[f"{prefix}self_attn.{n}_proj.bias"] for n in "qkv"]))
     assert not any(".q_proj." in n or ".up_proj." in n for n in ours.state_dict())
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_padded_flex_path_matches_per_span_attention(models, family):
+    """The packed CUDA path, run on CPU (flex eagerly): with a block mask the q/k/v matmul
+    writes into the pass's [Tp, N] buffer (tail rows zero), q/k are normed into Tp rows, and
+    flex attention pads nothing that comes padded."""
+    import dataclasses
+
+    from engine.attention_cuda import build_tree_block_masks
+
+    ours, _ = models(family)
+    packed = pack([random_tokens(40, seed=3), random_tokens(90, seed=4)], num_scored=8)
+    masks = build_tree_block_masks(packed.attn.spans, torch.device("cpu"), bucket=256)
+    with torch.no_grad():
+        got = ours(packed.input_ids, packed.positions, dataclasses.replace(packed.attn, block_mask=masks), packed.scored_index)
+    torch.testing.assert_close(got, packed.run(ours), atol=ATOL, rtol=0)
+    (buffer,) = masks._padded_buffers.values()
+    assert buffer.shape[0] == 256 and not buffer[masks.num_tokens :].any()

@@ -81,6 +81,23 @@ def check_add_rms_norm() -> None:
             assert torch.equal(add_rms_norm(x[1:3], delta[1:3], *args)[0], got[0][1:3])
 
 
+def check_qk_norm_rope() -> None:
+    import torch
+
+    from engine import ops
+    from engine.kernels.rms_norm import qk_norm_rope, qk_norm_rope_reference
+    from kernel_inputs import fresh
+
+    fused = fresh((6, (4 + 2) * 32), dtype=torch.float32, seed=5, scale=2.0)
+    q, w = fused[:, : 4 * 32].view(6, 4, 32), fresh((32,), dtype=torch.float32, seed=6)  # strided rows
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
+    cos, sin = ops.rope_cos_sin(torch.arange(6) * 3, inv_freq, torch.float32)
+    padded = qk_norm_rope(q, w, cos, sin, 1e-6, 1.0, num_rows_out=10)
+    ref = qk_norm_rope_reference(q, w, cos[:, 0], sin[:, 0], 1e-6, 1.0)
+    torch.testing.assert_close(padded[:6], ref, rtol=1e-5, atol=1e-5)
+    assert padded.shape == (10, 4, 32) and not padded[6:].any()
+
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run through run_interpreted (TRITON_INTERPRET=1)")

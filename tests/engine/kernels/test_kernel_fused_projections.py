@@ -56,3 +56,18 @@ def test_gpu_fused_fp8_matmul_is_bit_identical(cuda, num_in, widths, has_bias):
     fused = fp8_linear(x, quantize_weight(torch.cat(weights)), cat_or_none(biases))
     for got, w, b in zip(fused.split(list(widths), dim=1), weights, biases):
         assert torch.equal(got, fp8_linear(x, quantize_weight(w), b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_fp8", [False, True])
+def test_gpu_matmul_writes_into_the_rows_of_a_padded_buffer(cuda, is_fp8):
+    """out= (attention_cuda's padded q/k/v buffer): the same bits, the tail rows untouched."""
+    x, w = fresh((1000, 3840), cuda, seed=5), fresh((8192, 3840), cuda, seed=6, scale=0.02)
+    buffer = torch.zeros(2048, 8192, dtype=torch.bfloat16, device=cuda)
+    if is_fp8:
+        weight = quantize_weight(w)
+        assert torch.equal(fp8_linear(x, weight, out=buffer[:1000]), fp8_linear(x, weight))
+    else:
+        assert torch.equal(matmul(x, w, out=buffer[:1000]), matmul(x, w))
+    assert torch.equal(buffer[:1000], (fp8_linear(x, quantize_weight(w)) if is_fp8 else matmul(x, w)))
+    assert not buffer[1000:].any()
