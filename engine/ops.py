@@ -100,6 +100,18 @@ def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     return gated_act.gated_act_reference(gate_up, activation)
 
 
+def gated_linear(
+    gate_up: torch.Tensor, activation: str, weight: torch.Tensor | Fp8Weight | Int8Weight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The MLP's down projection over act(gate) * up: gate_up [T, 2I] -> [T, D]. With an fp8
+    weight on CUDA the activation kernel also quantizes its rows (the same bits as
+    gated_activation then fp8 linear, one [T, I] bf16 write and read fewer)."""
+    if gate_up.is_cuda and isinstance(weight, Fp8Weight) and activation in gated_act.GATED_ACTIVATIONS:
+        xq, x_scale = gated_act.gated_act_fp8(gate_up, activation)
+        return fp8_matmul.fp8_matmul(xq, x_scale, weight, bias, out_dtype=gate_up.dtype)
+    return linear(gated_activation(gate_up, activation), weight, bias)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -3,6 +3,8 @@
     gate_up [T, 2I] (gate columns | up columns, rows may be strided)
       ──gated_act_kernel (grid: T × I/BLOCK)──> y [T, I] in gate_up's dtype
         y = round(round(act(gate)) * up)   # act in fp32 rounded to the dtype, then the product
+      ──gated_act_fp8_kernel (one program per row)──> quantize_rows(y): e4m3 [T, I], scale [T]
+        (down_proj an Fp8Weight: y never goes to memory in bf16)
 
 Why: torch runs the activation and the product as two kernels (read I, write I; read 2I,
 write I per row); this reads 2I and writes I once: 3 of 5 passes over [T, I].
@@ -36,12 +38,8 @@ def gated_act_reference(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 
 
 @jit
-def gated_act_kernel(x_ptr, y_ptr, stride_x, I, ACT: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < I
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
+def _gated(gate, up, ACT: tl.constexpr, C: tl.constexpr, DTYPE: tl.constexpr):
+    """fp32 gate, up -> act(gate) * up rounded to DTYPE, as torch rounds it."""
     if ACT == 0:  # gelu tanh: 0.5·x·(1 + tanh(z)), z = √(2/π)(x + 0.044715x³), torch's formula
         z = C * (gate + 0.044715 * gate * gate * gate)
         e = tl.exp(-2.0 * tl.abs(z))  # tanh from one exp, without overflow: sign(z)(1 - e)/(1 + e)
@@ -49,8 +47,37 @@ def gated_act_kernel(x_ptr, y_ptr, stride_x, I, ACT: tl.constexpr, C: tl.constex
         act = 0.5 * gate * (1.0 + tanh)
     else:  # silu
         act = gate / (1.0 + tl.exp(-gate))
-    act = act.to(y_ptr.dtype.element_ty).to(tl.float32)  # torch rounds the activation first
-    tl.store(y_ptr + row * I + cols, (act * up).to(y_ptr.dtype.element_ty), mask=mask)
+    act = act.to(DTYPE).to(tl.float32)  # torch rounds the activation first
+    return (act * up).to(DTYPE)
+
+
+@jit
+def gated_act_kernel(x_ptr, y_ptr, stride_x, I, ACT: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < I
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * I + cols, _gated(gate, up, ACT, C, y_ptr.dtype.element_ty), mask=mask)
+
+
+@jit
+def gated_act_fp8_kernel(
+    x_ptr, xq_ptr, scale_ptr, stride_x, I, ACT: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr,
+    FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
+):
+    """One program per row (the row's amax): y as gated_act_kernel writes it, then
+    fp8_matmul.quantize_rows_kernel's maths on it, so the same e4m3 bits and scale."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < I
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
+    y = _gated(gate, up, ACT, C, x_ptr.dtype.element_ty).to(tl.float32)  # lanes past I: 0
+    scale = tl.maximum(tl.max(tl.abs(y), axis=0), MIN_AMAX_) / FP8_MAX_
+    xq = tl.clamp(y / scale, -FP8_MAX_, FP8_MAX_)
+    tl.store(xq_ptr + row * I + cols, xq.to(xq_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, scale)
 
 
 def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
@@ -69,3 +96,24 @@ def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
             BLOCK=BLOCK_I, num_warps=4,
         )
     return y
+
+
+def gated_act_fp8(gate_up: torch.Tensor, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows(gated_act(gate_up)) in one kernel: -> (e4m3 [T, I], scale [T] fp32), the
+    input of fp8_matmul for a down projection held as an Fp8Weight (no [T, I] bf16 round trip)."""
+    from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX
+
+    if not HAS_TRITON:
+        raise RuntimeError("gated_act_fp8: Triton is not installed")
+    if gate_up.stride(-1) != 1:
+        gate_up = gate_up.contiguous()
+    num_rows, num_cols = gate_up.shape[0], gate_up.shape[1] // 2
+    xq = torch.empty(num_rows, num_cols, dtype=FP8_DTYPE, device=gate_up.device)
+    scale = torch.empty(num_rows, dtype=torch.float32, device=gate_up.device)
+    if num_rows:
+        block = max(16, 1 << (num_cols - 1).bit_length())
+        gated_act_fp8_kernel[(num_rows,)](
+            gate_up, xq, scale, gate_up.stride(0), num_cols, ACT=GATED_ACTIVATIONS[activation], C=GELU_TANH_C,
+            BLOCK=block, FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX, num_warps=min(16, max(4, block // 1024)),
+        )
+    return xq, scale

@@ -32,7 +32,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.attention import AttentionMetadata
-from engine.ops import ROW_CHUNK, SCORE_CHUNK, gated_activation, linear, rms_norm, rope_cos_sin
+from engine.ops import ROW_CHUNK, SCORE_CHUNK, gated_linear, linear, rms_norm, rope_cos_sin
 
 
 class Linear(nn.Module):
@@ -128,7 +128,8 @@ class GatedMLP(nn.Module):
         fuse_linears(self, ("gate_proj", "up_proj"), "gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, D] -> [T, D]
-        return self.down_proj(gated_activation(self.gate_up_proj(x), self.activation))  # [T, 2I] -> [T, I] -> [T, D]
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        return gated_linear(gate_up, self.activation, self.down_proj.weight, self.down_proj.bias)  # [T, D]
 
 
 class Embedding(nn.Module):

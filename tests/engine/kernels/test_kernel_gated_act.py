@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from engine import ops
-from engine.kernels.gated_act import GATED_ACTIVATIONS, gated_act, gated_act_reference
+from engine.kernels.fp8_matmul import fp8_linear, quantize_rows, quantize_weight
+from engine.kernels.gated_act import GATED_ACTIVATIONS, gated_act, gated_act_fp8, gated_act_reference
 from interpreted import assert_gated_act_close, run_interpreted
 from kernel_inputs import fresh
 
@@ -22,6 +23,18 @@ def test_kernel_under_the_triton_interpreter():
     run_interpreted("gated_act")
 
 
+def test_fp8_kernel_under_the_triton_interpreter():
+    run_interpreted("gated_act_fp8")
+
+
+def test_cpu_gated_linear_is_the_activation_then_the_linear():
+    gate_up, w = fresh((64, 96), dtype=torch.float32, seed=4), fresh((32, 48), dtype=torch.float32, seed=5)
+    want = ops.linear(gated_act_reference(gate_up, "silu"), w, None)
+    assert torch.equal(ops.gated_linear(gate_up, "silu", w, None), want)
+    fp8 = quantize_weight(w)
+    assert torch.equal(ops.gated_linear(gate_up, "silu", fp8, None), ops.linear(gated_act_reference(gate_up, "silu"), fp8))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", sorted(GATED_ACTIVATIONS))
 @pytest.mark.parametrize("num_cols", [15360, 12288, 1100])
@@ -34,3 +47,20 @@ def test_gpu_gated_act_matches_and_is_invariant(cuda, activation, num_cols):
     for start, stop in [(0, 1), (9, 200), (2000, 3001)]:
         assert torch.equal(gated_act(gate_up[start:stop], activation), y[start:stop])
     assert torch.equal(ops.gated_activation(gate_up, activation), y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", sorted(GATED_ACTIVATIONS))
+@pytest.mark.parametrize("num_cols", [15360, 12288, 1536])
+def test_gpu_gated_act_fp8_is_gated_act_then_quantize_rows(cuda, activation, num_cols):
+    """The fused fp8 epilogue: the same e4m3 bits and scales as the two kernels it replaces."""
+    gate_up = fresh((1001, 2 * num_cols), cuda, seed=6, scale=3.0)
+    xq, scale = gated_act_fp8(gate_up, activation)
+    want_q, want_scale = quantize_rows(gated_act(gate_up, activation))
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(xq.view(torch.uint8), want_q.view(torch.uint8))
+    alone_q, alone_scale = gated_act_fp8(gate_up[9:200], activation)
+    assert torch.equal(alone_q.view(torch.uint8), xq[9:200].view(torch.uint8)) and torch.equal(alone_scale, scale[9:200])
+    weight = quantize_weight(fresh((3840, num_cols), cuda, seed=7, scale=0.02))
+    fused = ops.gated_linear(gate_up, activation, weight, None)
+    assert torch.equal(fused, fp8_linear(gated_act(gate_up, activation), weight))
