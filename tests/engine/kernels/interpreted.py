@@ -36,13 +36,13 @@ def run_interpreted(check: str) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
-def assert_gated_act_close(y, ref, bf16_ulps: int = 1) -> None:
-    """bf16_ulps ulps of bf16 (1e-5 relative in fp32), or 1e-5 absolute where gelu's 1 + tanh
+def assert_gated_act_close(y, ref, bf16_ulps: int = 1, atol: float = 1e-5) -> None:
+    """bf16_ulps ulps of bf16 (1e-5 relative in fp32), or `atol` absolute where gelu's 1 + tanh
     cancels (see gated_act.py)."""
     import torch
 
     rtol = bf16_ulps * 2**-7 if y.dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=1e-5)
+    torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=atol)
 
 
 def check_gated_act() -> None:

@@ -42,8 +42,9 @@ def test_gpu_gated_act_matches_and_is_invariant(cuda, activation, num_cols):
     gate_up = fresh((3001, 2 * num_cols), cuda, seed=3, scale=3.0)
     y = gated_act(gate_up, activation)
     ref = gated_act_reference(gate_up, activation)
-    assert_gated_act_close(y, ref)
-    assert (y != ref).float().mean() < 0.05  # and rarely even that
+    # An activation one ulp off can make the rounded product two off; |up| reaches ~16 here.
+    assert_gated_act_close(y, ref, bf16_ulps=2, atol=1e-4)
+    assert (y != ref).float().mean() < 0.05  # and rarely any ulp at all
     for start, stop in [(0, 1), (9, 200), (2000, 3001)]:
         assert torch.equal(gated_act(gate_up[start:stop], activation), y[start:stop])
     assert torch.equal(ops.gated_activation(gate_up, activation), y)
