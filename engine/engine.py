@@ -42,10 +42,12 @@ from spinf_jobs.packs import PackRegistry
 from spinf_jobs.protocol import ScoringRequest, ScoringResponse
 from spinf_jobs.templates import parse_template
 
-# CUDA only: the GPU waits for the first pass's packing (~35 ms for 16k tokens), so the first
-# pass is smaller; not too small: launching a pass costs ~0.1 s of CPU, and a pass shorter
-# than that on the GPU leaves it waiting for launches (2,048 did: H200 timeline, docs/performance.md)
-FIRST_PASS_TOKENS = 4096
+# CUDA only. The GPU waits for the first pass's packing (~35 ms for 16k tokens), so the first
+# pass is smaller; but the next pass is packed only after this one is launched (~0.06-0.11 s of
+# CPU for 48 layers), so the first pass must keep the GPU busy for longer than that launch plus
+# the next packing. H200 timelines (docs/performance.md): 2,048 and, for fp8, 4,096 tokens left
+# the GPU waiting (65 and 59 ms idle); 8,192 is ~0.18 s of fp8 GPU work.
+FIRST_PASS_TOKENS = 8192
 ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
 # the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
 # + the row log-sum-exp kernel for log-softmax at the scored rows
