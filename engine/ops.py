@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine.kernels import add_rms_norm as add_rms_norm_kernels
 from engine.kernels import fp8_matmul, gated_act, matmul
 from engine.kernels import rms_norm as rms_norm_kernels
-from engine.kernels.fp8_matmul import Fp8Weight
+from engine.kernels.fp8_matmul import Fp8Rows, Fp8Weight
 from engine.kernels.int8_weight import Int8Weight
 
 ROW_CHUNK = 64  # rows per fixed-shape matmul; the packer aligns contents to it
@@ -35,7 +35,7 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 
 
 def linear(
-    x: torch.Tensor,
+    x: torch.Tensor | Fp8Rows,
     weight: torch.Tensor | Fp8Weight | Int8Weight,
     bias: torch.Tensor | None = None,
     row_chunk: int = ROW_CHUNK,
@@ -46,7 +46,10 @@ def linear(
 
     On CPU T must be a multiple of row_chunk. out_dtype=float32 on CUDA keeps the kernel's
     fp32 accumulator (the LM head); on CPU it only casts. `out`: a contiguous [T, D_out]
-    tensor of x's dtype to write into (the padded q/k/v buffer of attention_cuda)."""
+    tensor of x's dtype to write into (the padded q/k/v buffer of attention_cuda).
+    x may be Fp8Rows (a norm's output quantized for this Fp8Weight, `wants_fp8_rows`): CUDA only."""
+    if isinstance(x, Fp8Rows) and not (x.is_cuda and isinstance(weight, Fp8Weight)):
+        raise ValueError("linear: Fp8Rows input needs an Fp8Weight on CUDA")
     if isinstance(weight, Int8Weight):  # weight-only: dequantize, then the bf16 path
         weight = weight.dequantize(x.dtype)
     if out is not None and (out_dtype not in (None, out.dtype) or out.dtype != x.dtype):
@@ -69,23 +72,34 @@ def linear(
     return out if out_dtype in (None, out.dtype) else out.to(out_dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
-    """x: [..., D] -> [..., D], computed in fp32. Gemma stores (weight - 1): weight_offset=1."""
+def wants_fp8_rows(weight: torch.Tensor | Fp8Weight | Int8Weight) -> bool:
+    """Whether the norm feeding a projection with this weight should hand it Fp8Rows (on CUDA:
+    the norm kernel quantizes its rows, no quantize_rows launch; on CPU the flag is ignored)."""
+    return isinstance(weight, Fp8Weight)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0, quantize: bool = False
+) -> torch.Tensor | Fp8Rows:
+    """x: [..., D] -> [..., D], computed in fp32. Gemma stores (weight - 1): weight_offset=1.
+    quantize (CUDA; `wants_fp8_rows` of the consumer): the rows as Fp8Rows, the bits
+    fp8_linear would quantize them to. On CPU ignored: the fp8 emulation quantizes in linear."""
     if x.is_cuda:
-        return rms_norm_kernels.rms_norm(x, weight, eps, weight_offset)
+        return rms_norm_kernels.rms_norm(x, weight, eps, weight_offset, quantize)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (x32 * (weight.float() + weight_offset)).to(x.dtype)
 
 
 def add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor, norm: tuple | None, delta_norm: tuple | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    x: torch.Tensor, delta: torch.Tensor, norm: tuple | None, delta_norm: tuple | None = None, quantize: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows | None]:
     """The residual step: x [T, D] += delta_norm(delta) (delta as is when None), then
     h = norm(x) (None when norm is None). norm / delta_norm: (weight, eps, weight_offset).
-    One fused kernel on CUDA, bit-identical to these unfused ops there."""
+    One fused kernel on CUDA, bit-identical to these unfused ops there; quantize as rms_norm's
+    (h as Fp8Rows on CUDA, the same bits as quantizing h in fp8_linear; ignored on CPU)."""
     if x.is_cuda:
-        return add_rms_norm_kernels.add_rms_norm(x, delta, norm, delta_norm)
+        return add_rms_norm_kernels.add_rms_norm(x, delta, norm, delta_norm, quantize)
     if delta_norm is not None:
         delta = rms_norm(delta, *delta_norm)
     x = x + delta

@@ -12,6 +12,11 @@ unfused path (each norm's output and the sum rounded to the dtype, the second no
 rounded sum) and reduces a row with the block and warps of `rms_norm_kernel`, so on the GPU
 its outputs are bit-identical to rms_norm + torch add + rms_norm (tests/engine/kernels/).
 One program per row: a row's bits depend on the row alone (batch invariant).
+
+quantize=True (the projection reading h holds an Fp8Weight): the same kernel, compiled with
+QUANTIZE, stores h as fp8_matmul.quantize_rows would quantize the rounded row (e4m3 [R, D]
+and one fp32 scale a row, `Fp8Rows`), so quantize_rows_kernel no longer runs on h and h
+never goes to memory in bf16. Same block and warps: the same rounded h, then the same bits.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from engine.kernels._triton import HAS_TRITON, jit, tl
+from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, Fp8Rows, store_row
 from engine.kernels.rms_norm import norm_launch_config, rms_norm_reference
 
 
@@ -34,8 +40,9 @@ def add_rms_norm_reference(
 
 @jit
 def add_rms_norm_kernel(
-    x_ptr, d_ptr, dw_ptr, w_ptr, x_out_ptr, h_ptr, stride_x, stride_d, D, d_eps, d_offset, eps, offset,
+    x_ptr, d_ptr, dw_ptr, w_ptr, x_out_ptr, h_ptr, h_scale_ptr, stride_x, stride_d, D, d_eps, d_offset, eps, offset,
     HAS_DELTA_NORM: tl.constexpr, HAS_NORM: tl.constexpr, BLOCK_D: tl.constexpr,
+    QUANTIZE: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
@@ -53,29 +60,36 @@ def add_rms_norm_kernel(
         s = s.to(tl.float32)
         inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / D + eps)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + offset
-        tl.store(h_ptr + row * D + offs, (s * inv_rms * w).to(dtype), mask=mask)
+        h = (s * inv_rms * w).to(dtype)  # QUANTIZE: h_ptr e4m3, h quantized as quantize_rows does
+        store_row(h, h_ptr, h_scale_ptr, row, offs, mask, D, QUANTIZE, FP8_MAX_, MIN_AMAX_)
 
 
 def add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor, norm: tuple | None, delta_norm: tuple | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    x: torch.Tensor, delta: torch.Tensor, norm: tuple | None, delta_norm: tuple | None = None, quantize: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows | None]:
     """Triton version of add_rms_norm_reference: x, delta [R, D] (last dim contiguous) ->
-    (x_new [R, D], h [R, D] or None when norm is None), x's dtype."""
+    (x_new [R, D], h [R, D] or None when norm is None), x's dtype. quantize: h as Fp8Rows,
+    bit-identical to fp8_matmul.quantize_rows(h) (fp8_linear's input as it is)."""
     if not HAS_TRITON:
         raise RuntimeError("add_rms_norm: Triton is not installed")
     if x.shape != delta.shape or x.dtype != delta.dtype or x.ndim != 2:
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype} vs delta {tuple(delta.shape)} {delta.dtype}")
+    if quantize and norm is None:
+        raise ValueError("add_rms_norm: quantize=True needs a norm (it quantizes h)")
     x, delta = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, delta))
     num_rows, num_cols = x.shape
     x_new = torch.empty(num_rows, num_cols, dtype=x.dtype, device=x.device)
-    h = torch.empty_like(x_new) if norm is not None else None
+    h_dtype = FP8_DTYPE if quantize else x.dtype
+    h = torch.empty(num_rows, num_cols, dtype=h_dtype, device=x.device) if norm is not None else None
+    h_scale = torch.empty(num_rows, dtype=torch.float32, device=x.device) if quantize else None
     if num_rows:
         block, num_warps = norm_launch_config(num_cols)
         w, eps, offset = norm if norm is not None else (x_new, 0.0, 0.0)
         dw, d_eps, d_offset = delta_norm if delta_norm is not None else (x_new, 0.0, 0.0)
         add_rms_norm_kernel[(num_rows,)](
-            x, delta, dw, w, x_new, h if h is not None else x_new, x.stride(0), delta.stride(0), num_cols,
-            d_eps, d_offset, eps, offset, HAS_DELTA_NORM=delta_norm is not None, HAS_NORM=norm is not None,
-            BLOCK_D=block, num_warps=num_warps,
+            x, delta, dw, w, x_new, h if h is not None else x_new, h_scale if quantize else x_new,
+            x.stride(0), delta.stride(0), num_cols, d_eps, d_offset, eps, offset,
+            HAS_DELTA_NORM=delta_norm is not None, HAS_NORM=norm is not None, BLOCK_D=block, QUANTIZE=quantize,
+            FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX, num_warps=num_warps,
         )
-    return x_new, h
+    return x_new, (Fp8Rows(h, h_scale, x.dtype) if quantize else h)

@@ -2,6 +2,8 @@
 
     w [N, K] bf16 ──quantize_weight (offline, once)──> Fp8Weight(qweight e4m3 [N, K], scale [N])
     x [M, K] bf16 ──quantize_rows_kernel──> xq e4m3 [M, K], x_scale [M]
+        (or Fp8Rows(xq, x_scale) straight from the kernel that produced x, the norms of
+        add_rms_norm.py and rms_norm.py with quantize=True: the same maths, `store_row`)
     (xq, x_scale, Fp8Weight) ──fp8_matmul_persistent_kernel──> y [M, N] bf16
         y[m, n] = (Σ_k xq[m, k] · wq[n, k]) · x_scale[m] · w_scale[n]
 
@@ -48,6 +50,28 @@ class Fp8Weight:
         return (self.qweight.float() * self.scale[:, None]).to(dtype)
 
 
+@dataclass(slots=True)
+class Fp8Rows:
+    """Activation rows already quantized as quantize_rows quantizes them, by the kernel that
+    produced them (a norm with quantize=True): fp8_linear's input without quantize_rows."""
+
+    xq: torch.Tensor  # [M, K] float8_e4m3fn
+    scale: torch.Tensor  # [M] fp32
+    dtype: torch.dtype  # the dtype of the rows they stand for: the matmul's output dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.xq.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.xq.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.xq.is_cuda
+
+
 def quantize_weight(w: torch.Tensor) -> Fp8Weight:
     """w: [N, K] -> per-output-channel e4m3 (the scale maps each row's amax to FP8_MAX)."""
     scale = w.float().abs().amax(dim=1).clamp_min(MIN_AMAX) / FP8_MAX  # [N]
@@ -80,6 +104,24 @@ def quantize_rows_kernel(x_ptr, xq_ptr, scale_ptr, K, BLOCK_K: tl.constexpr, FP8
     xq = tl.clamp(x / scale, -FP8_MAX_, FP8_MAX_)
     tl.store(xq_ptr + row * K + offs, xq.to(xq_ptr.dtype.element_ty), mask=offs < K)
     tl.store(scale_ptr + row, scale)
+
+
+@jit
+def store_row(
+    y, y_ptr, scale_ptr, row, offs, mask, K,
+    QUANTIZE: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
+):
+    """Row `row` of a producer kernel that holds the whole row y (rounded to its dtype, lanes
+    past K zero) into y_ptr [M, K]: as is, or (QUANTIZE; y_ptr e4m3, scale_ptr [M] fp32)
+    quantized with quantize_rows_kernel's maths, so the bits quantize_rows would give."""
+    if QUANTIZE:
+        x = y.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), MIN_AMAX_) / FP8_MAX_
+        xq = tl.clamp(x / scale, -FP8_MAX_, FP8_MAX_)
+        tl.store(y_ptr + row * K + offs, xq.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr + row, scale)
+    else:
+        tl.store(y_ptr + row * K + offs, y, mask=mask)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,10 +194,11 @@ def fp8_matmul(
 
 
 def fp8_linear(
-    x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    x: torch.Tensor | Fp8Rows, weight: Fp8Weight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x: [M, K] bf16 -> [M, N] bf16 through per-token quantization and the fp8 kernel."""
-    xq, x_scale = quantize_rows(x)
+    """x: [M, K] bf16 -> [M, N] bf16 through per-token quantization and the fp8 kernel; rows
+    that come quantized (Fp8Rows) go to the kernel as they are."""
+    xq, x_scale = (x.xq, x.scale) if isinstance(x, Fp8Rows) else quantize_rows(x)
     return fp8_matmul(xq, x_scale, weight, bias, out_dtype=x.dtype if out is None else out.dtype, out=out)
 
 

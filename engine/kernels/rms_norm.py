@@ -1,6 +1,7 @@
 """Batch-invariant RMSNorm, and RMSNorm fused with RoPE for per-head q/k norms (Qwen3, Gemma3).
 
     hidden [R, D] ──rms_norm_kernel (one program per row)──> [R, D]
+                    (quantize=True: Fp8Rows, e4m3 [R, D] + scale [R], as quantize_rows gives)
     q or k [T, H, d], cos/sin [T, d] ──qk_norm_rope_kernel (one program per token)──> [T, H, d]
 
 Why a kernel: torch's mean over the last dim picks its reduction strategy from the whole
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from engine.kernels._triton import HAS_TRITON, jit, tl
+from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, Fp8Rows, store_row
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
@@ -34,31 +36,41 @@ def qk_norm_rope_reference(
 
 
 @jit
-def rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, D, eps, weight_offset, BLOCK_D: tl.constexpr):
+def rms_norm_kernel(
+    x_ptr, w_ptr, y_ptr, y_scale_ptr, stride_x, D, eps, weight_offset, BLOCK_D: tl.constexpr,
+    QUANTIZE: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
     mask = offs < D
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset
-    tl.store(y_ptr + row * D + offs, (x * inv_rms * w).to(y_ptr.dtype.element_ty), mask=mask)
+    y = (x * inv_rms * w).to(x_ptr.dtype.element_ty)  # QUANTIZE: y_ptr e4m3, y quantized as quantize_rows does
+    store_row(y, y_ptr, y_scale_ptr, row, offs, mask, D, QUANTIZE, FP8_MAX_, MIN_AMAX_)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
-    """x: [..., D] (last dim contiguous) -> [..., D] contiguous, x's dtype."""
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0, quantize: bool = False
+) -> torch.Tensor | Fp8Rows:
+    """x: [..., D] (last dim contiguous) -> [..., D] contiguous, x's dtype. quantize: the rows
+    [R, D] as Fp8Rows, bit-identical to fp8_matmul.quantize_rows of the normed rows (the first
+    layer's input norm when qkv_proj holds an Fp8Weight)."""
     if not HAS_TRITON:
         raise RuntimeError("rms_norm: Triton is not installed")
     num_cols = x.shape[-1]
     rows = x.reshape(-1, num_cols)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(rows.shape, dtype=FP8_DTYPE if quantize else x.dtype, device=x.device)
+    y_scale = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device) if quantize else y
     if rows.shape[0]:
         block, num_warps = norm_launch_config(num_cols)
         rms_norm_kernel[(rows.shape[0],)](
-            rows, weight, y, rows.stride(0), num_cols, eps, weight_offset, BLOCK_D=block, num_warps=num_warps,
+            rows, weight, y, y_scale, rows.stride(0), num_cols, eps, weight_offset, BLOCK_D=block,
+            QUANTIZE=quantize, FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX, num_warps=num_warps,
         )
-    return y.view(x.shape)
+    return Fp8Rows(y, y_scale, x.dtype) if quantize else y.view(x.shape)
 
 
 def norm_launch_config(num_cols: int) -> tuple[int, int]:

@@ -32,7 +32,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.attention import AttentionMetadata
-from engine.ops import ROW_CHUNK, SCORE_CHUNK, gated_linear, linear, rms_norm, rope_cos_sin
+from engine.ops import ROW_CHUNK, SCORE_CHUNK, Fp8Rows, gated_linear, linear, rms_norm, rope_cos_sin, wants_fp8_rows
 
 
 class Linear(nn.Module):
@@ -43,8 +43,15 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
-    def forward(self, x: torch.Tensor, row_chunk: int = ROW_CHUNK, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor | Fp8Rows, row_chunk: int = ROW_CHUNK, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return linear(x, self.weight, self.bias, row_chunk=row_chunk, out=out)
+
+    @property
+    def wants_fp8_rows(self) -> bool:
+        """An Fp8Weight: the norm before it hands over quantized rows (`ops.wants_fp8_rows`)."""
+        return wants_fp8_rows(self.weight)
 
     @classmethod
     def fused(cls, parts: list[Linear]) -> Linear:
@@ -95,10 +102,10 @@ class QKVProjections(nn.Module):
         fuse_linears(self, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
 
     def project_qkv(
-        self, x: torch.Tensor, attn: AttentionMetadata
+        self, x: torch.Tensor | Fp8Rows, attn: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int | None]:
-        """x: [T, D] -> q [T, Hq, d], k [T, Hkv, d], v [T or Tp, Hkv, d] (views of one matmul's
-        output), and Tp or None. On a packed flex pass (`attn.block_mask`) the matmul writes the
+        """x: [T, D] (or Fp8Rows) -> q [T, Hq, d], k [T, Hkv, d], v [T or Tp, Hkv, d] (views of one
+        matmul's output), and Tp or None. On a packed flex pass (`attn.block_mask`) the matmul writes the
         first T rows of the pass's [Tp, N] buffer whose tail rows are zero: v is already padded
         for flex attention, and q/k are to be normed into Tp rows (`norm_rope(num_rows_out=Tp)`)."""
         masks = attn.block_mask if attn.decode is None else None
@@ -127,7 +134,7 @@ class GatedMLP(nn.Module):
     def fuse_projections(self) -> None:
         fuse_linears(self, ("gate_proj", "up_proj"), "gate_up_proj")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, D] -> [T, D]
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:  # [T, D] -> [T, D]
         gate_up = self.gate_up_proj(x)  # [T, 2I]
         return gated_linear(gate_up, self.activation, self.down_proj.weight, self.down_proj.bias)  # [T, D]
 
@@ -164,11 +171,14 @@ class RMSNorm(nn.Module):
 def run_decoder_layers(layers, x: torch.Tensor, ropes: dict, attn: AttentionMetadata) -> torch.Tensor:
     """x: [T, D] embeddings -> the residual stream after the last layer (before the final norm).
     A layer takes (x, h = its input_layernorm(x)) and returns the next layer's pair: the residual
-    add and the next norm are one fused kernel on CUDA (`ops.add_rms_norm`)."""
-    h = layers[0].input_layernorm(x)
-    for index, layer in enumerate(layers):
-        next_norm = layers[index + 1].input_layernorm.params if index + 1 < len(layers) else None
-        x, h = layer(x, h, ropes[layer.layer_type], attn, next_norm)
+    add and the next norm are one fused kernel on CUDA (`ops.add_rms_norm`). Where qkv_proj holds
+    an Fp8Weight, h comes quantized (Fp8Rows on CUDA, `quantize_next`), as does the MLP's input."""
+    layers = list(layers)
+    h = rms_norm(x, *layers[0].input_layernorm.params, quantize=layers[0].self_attn.qkv_proj.wants_fp8_rows)
+    for layer, following in zip(layers, [*layers[1:], None]):
+        next_norm = following.input_layernorm.params if following is not None else None
+        quantize_next = following is not None and following.self_attn.qkv_proj.wants_fp8_rows
+        x, h = layer(x, h, ropes[layer.layer_type], attn, next_norm, quantize_next)
     return x
 
 

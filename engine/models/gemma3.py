@@ -31,7 +31,7 @@ from engine.models.common import (
     rotary_table,
     run_decoder_layers,
 )
-from engine.ops import add_rms_norm, norm_rope
+from engine.ops import Fp8Rows, add_rms_norm, norm_rope
 
 GEMMA_NORM_OFFSET = 1.0  # Gemma stores the RMSNorm scale as (scale - 1)
 
@@ -45,7 +45,9 @@ class Gemma3Attention(QKVProjections):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, GEMMA_NORM_OFFSET)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, GEMMA_NORM_OFFSET)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata
+    ) -> torch.Tensor:
         q, k, v, num_padded = self.project_qkv(x, attn)  # [T, Hq, d], [T, Hkv, d], [T or Tp, Hkv, d]
         cos, sin = rope  # [T, 1, d]
         q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin, GEMMA_NORM_OFFSET, num_padded)
@@ -68,13 +70,15 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
 
     def forward(
-        self, x: torch.Tensor, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
-        next_norm: tuple | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: residual [T, D], h = input_layernorm(x) -> (x after the layer, next_norm(x) or None)."""
+        self, x: torch.Tensor, h: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata, next_norm: tuple | None, quantize_next: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows | None]:
+        """x: residual [T, D], h = input_layernorm(x) -> (x after the layer, next_norm(x) or None).
+        h and the MLP's input come as Fp8Rows where their projection holds an Fp8Weight (CUDA)."""
         attn_out = self.self_attn(h, rope, attn)
-        x, h = add_rms_norm(x, attn_out, self.pre_feedforward_layernorm.params, self.post_attention_layernorm.params)
-        return add_rms_norm(x, self.mlp(h), next_norm, self.post_feedforward_layernorm.params)
+        x, h = add_rms_norm(x, attn_out, self.pre_feedforward_layernorm.params, self.post_attention_layernorm.params,
+                            quantize=self.mlp.gate_up_proj.wants_fp8_rows)
+        return add_rms_norm(x, self.mlp(h), next_norm, self.post_feedforward_layernorm.params, quantize=quantize_next)
 
 
 class Gemma3Backbone(nn.Module):

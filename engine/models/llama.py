@@ -30,7 +30,7 @@ from engine.models.common import (
     rotary_table,
     run_decoder_layers,
 )
-from engine.ops import add_rms_norm, apply_rope, norm_rope
+from engine.ops import Fp8Rows, add_rms_norm, apply_rope, norm_rope
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -67,7 +67,9 @@ class Attention(QKVProjections):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata
+    ) -> torch.Tensor:
         q, k, v, num_padded = self.project_qkv(x, attn)  # [T, Hq, d], [T, Hkv, d], [T or Tp, Hkv, d]
         cos, sin = rope  # [T, 1, d]
         if self.q_norm is not None:  # qwen3: per-head RMSNorm, then RoPE (one fused kernel on CUDA)
@@ -90,12 +92,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
-        next_norm: tuple | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: residual [T, D], h = input_layernorm(x) -> (x after the layer, next_norm(x) or None)."""
-        x, h = add_rms_norm(x, self.self_attn(h, rope, attn), self.post_attention_layernorm.params)
-        return add_rms_norm(x, self.mlp(h), next_norm)
+        self, x: torch.Tensor, h: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata, next_norm: tuple | None, quantize_next: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows | None]:
+        """x: residual [T, D], h = input_layernorm(x) -> (x after the layer, next_norm(x) or None).
+        h and the MLP's input come as Fp8Rows where their projection holds an Fp8Weight (CUDA)."""
+        x, h = add_rms_norm(x, self.self_attn(h, rope, attn), self.post_attention_layernorm.params,
+                            quantize=self.mlp.gate_up_proj.wants_fp8_rows)
+        return add_rms_norm(x, self.mlp(h), next_norm, quantize=quantize_next)
 
 
 class LlamaBackbone(nn.Module):

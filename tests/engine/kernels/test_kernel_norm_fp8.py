@@ -1,0 +1,196 @@
+"""The norms that hand an fp8 projection its rows already quantized (quantize=True).
+
+add_rms_norm(..., quantize=True) and rms_norm(..., quantize=True) store h as
+fp8_matmul.quantize_rows would quantize it (Fp8Rows: e4m3 rows + fp32 scales), so the fp8
+qkv_proj / gate_up_proj run without a quantize_rows launch. The interpreter check compares
+the quantizing kernels bit for bit with the two kernels they replace, both interpreted (the
+interpreter's bf16 truncation and e4m3 rounding are then the same on both sides); the gpu
+tests compare with the real kernels and run a small fp8 model both ways.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import ops
+from engine.kernels.add_rms_norm import add_rms_norm
+from engine.kernels.fp8_matmul import Fp8Rows, quantize_rows, quantize_weight
+from engine.kernels.rms_norm import rms_norm
+from interpreted import REPO, run_interpreted  # noqa: F401  (run_interpreted: its skip/fail rules)
+from kernel_inputs import fresh
+
+
+def norms(dim: int, device="cpu", dtype=torch.bfloat16, offset: float = 1.0):
+    return (fresh((dim,), device, dtype, seed=11), 1e-6, offset), (fresh((dim,), device, dtype, seed=12), 1e-6, offset)
+
+
+def same_rows(got: Fp8Rows, want: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    """The e4m3 bits and the scales are the same."""
+    return torch.equal(got.xq.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got.scale, want[1])
+
+
+def check_interpreted() -> None:
+    """Run under TRITON_INTERPRET=1 (this file as a script): the quantizing norms against the
+    unquantized norm kernel then quantize_rows_kernel, bit for bit, and row invariant."""
+    for dtype in (torch.bfloat16, torch.float32):
+        x, delta = fresh((5, 200), dtype=dtype, seed=1, scale=3.0), fresh((5, 300), dtype=dtype, seed=2)[:, :200]
+        x[3] = 0.0
+        delta[3] = 0.0  # an all-zero row: the MIN_AMAX scale
+        norm, delta_norm = (fresh((200,), dtype=dtype, seed=3), 1e-6, 1.0), (fresh((200,), dtype=dtype, seed=4), 1e-5, 0.0)
+        for dn in (delta_norm, None):
+            x_new, h = add_rms_norm(x, delta, norm, dn)
+            got_x, got_h = add_rms_norm(x, delta, norm, dn, quantize=True)
+            assert isinstance(got_h, Fp8Rows) and got_h.dtype == dtype and got_h.shape == (5, 200)
+            assert torch.equal(got_x, x_new) and same_rows(got_h, quantize_rows(h))
+            alone = add_rms_norm(x[1:4], delta[1:4], norm, dn, quantize=True)[1]
+            assert same_rows(alone, (got_h.xq[1:4], got_h.scale[1:4]))
+        rows = rms_norm(x, *norm, quantize=True)
+        assert rows.dtype == dtype and same_rows(rows, quantize_rows(rms_norm(x, *norm)))
+        assert same_rows(rms_norm(x[2:5], *norm, quantize=True), (rows.xq[2:5], rows.scale[2:5]))
+
+
+def test_quantizing_norms_under_the_triton_interpreter():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        run_interpreted("add_rms_norm")  # fails or skips as every interpreter test does without Triton
+        return
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{here}"}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_cpu_ignores_quantize():
+    """On CPU the fp8 emulation quantizes inside linear: the norms return bf16 as before, and
+    linear refuses Fp8Rows there."""
+    x, delta = fresh((64, 128), seed=1, scale=3.0), fresh((64, 128), seed=2)
+    norm, delta_norm = norms(128)
+    assert torch.equal(ops.rms_norm(x, *norm, quantize=True), ops.rms_norm(x, *norm))
+    for got, want in zip(ops.add_rms_norm(x, delta, norm, delta_norm, quantize=True), ops.add_rms_norm(x, delta, norm, delta_norm)):
+        assert torch.equal(got, want)
+    weight = quantize_weight(fresh((32, 128), seed=3, scale=0.05))
+    assert ops.wants_fp8_rows(weight) and not ops.wants_fp8_rows(weight.dequantize(torch.bfloat16))
+    with pytest.raises(ValueError, match="Fp8Rows"):
+        ops.linear(Fp8Rows(*ops.fp8_matmul.quantize_rows_reference(x), x.dtype), weight)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,offset", [(3840, 1.0), (4096, 0.0), (896, 0.0)])
+@pytest.mark.parametrize("has_delta_norm", [True, False])
+def test_gpu_quantizing_add_rms_norm_is_add_rms_norm_then_quantize_rows(cuda, dim, offset, has_delta_norm):
+    """e4m3 rows and scales bit-identical to quantize_rows(add_rms_norm(...)[1]), the residual
+    output bit-identical to the bf16 kernel's, rows a:b alone == the same rows in the launch."""
+    x, delta = fresh((3001, dim), cuda, seed=3, scale=3.0), fresh((3001, dim), cuda, seed=4, scale=0.5)
+    x[7] = 0.0
+    delta[7] = 0.0
+    norm, delta_norm = norms(dim, cuda, offset=offset)
+    delta_norm = delta_norm if has_delta_norm else None
+    x_new, h = add_rms_norm(x, delta, norm, delta_norm)
+    got_x, rows = add_rms_norm(x, delta, norm, delta_norm, quantize=True)
+    assert torch.equal(got_x, x_new)
+    assert rows.xq.dtype == torch.float8_e4m3fn and rows.dtype == torch.bfloat16 and same_rows(rows, quantize_rows(h))
+    for start, stop in [(0, 1), (9, 200), (2000, 3001)]:
+        alone_x, alone = add_rms_norm(x[start:stop], delta[start:stop], norm, delta_norm, quantize=True)
+        assert torch.equal(alone_x, x_new[start:stop]) and same_rows(alone, (rows.xq[start:stop], rows.scale[start:stop]))
+    got = ops.add_rms_norm(x, delta, norm, delta_norm, quantize=True)
+    assert torch.equal(got[0], x_new) and same_rows(got[1], (rows.xq, rows.scale))
+    if dim % 128 == 0:  # the fp8 matmul over the rows is fp8_linear over h
+        weight = quantize_weight(fresh((1024, dim), cuda, seed=5, scale=0.02))
+        assert torch.equal(ops.linear(rows, weight), ops.linear(h, weight))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,offset", [(3840, 1.0), (4096, 0.0), (896, 0.0)])
+def test_gpu_quantizing_rms_norm_is_rms_norm_then_quantize_rows(cuda, dim, offset):
+    x = fresh((3001, dim), cuda, seed=6, scale=3.0)
+    norm, _ = norms(dim, cuda, offset=offset)
+    rows = rms_norm(x, *norm, quantize=True)
+    assert same_rows(rows, quantize_rows(rms_norm(x, *norm)))
+    alone = rms_norm(x[9:200], *norm, quantize=True)
+    assert same_rows(alone, (rows.xq[9:200], rows.scale[9:200]))
+
+
+def small_fp8_model(family: str, device):
+    """engine.tiny's `family` config with fp8-sized dims (K % 128 == 0 for every projection),
+    random weights, bf16 on `device`, its decoder projections quantized to fp8."""
+    from types import SimpleNamespace
+
+    from engine.models import build_model
+    from engine.quantization import quantize
+    from engine.tiny import tiny_config
+
+    source = SimpleNamespace(vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = tiny_config(family, source)
+    config.hidden_size, config.intermediate_size, config.head_dim = 256, 512, 64
+    model = build_model(config)
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for name, param in model.state_dict().items():
+        noise = torch.randn(param.shape, generator=generator)
+        state[name] = 0.1 * noise if name.endswith(("norm.weight", "bias")) else noise / param.shape[-1] ** 0.5
+    model.load_checkpoint_state(state)
+    return quantize(model.to(device=device, dtype=torch.bfloat16), "fp8")
+
+
+def packed_inputs(lengths: list[int], device):
+    """Causal spans of `lengths` tokens, each padded to ROW_CHUNK; the last 8 rows scored."""
+    from engine.attention import AttentionMetadata, TreeSpan
+
+    spans, ids, positions, start = [], [], [], 0
+    generator = torch.Generator().manual_seed(1)
+    for n in lengths:
+        padded = -(-n // ops.ROW_CHUNK) * ops.ROW_CHUNK
+        mask = torch.eye(padded, dtype=torch.bool)
+        mask[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        pos = torch.zeros(padded, dtype=torch.long)
+        pos[:n] = torch.arange(n)
+        spans.append(TreeSpan(start=start, mask=mask.to(device), positions=pos.to(device)))
+        ids.append(torch.cat([torch.randint(1, 512, (n,), generator=generator), torch.zeros(padded - n, dtype=torch.long)]))
+        positions.append(pos)
+        start += padded
+    scored = torch.arange(start - ops.SCORE_CHUNK, start, device=device)
+    return torch.cat(ids).to(device), torch.cat(positions).to(device), AttentionMetadata(spans), scored
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["gemma3_text", "llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("flex", [False, True])
+def test_gpu_fp8_model_with_quantizing_norms_is_bit_identical(cuda, monkeypatch, family, flex):
+    """Logits of a small fp8 model: the norms quantizing h (qkv_proj and gate_up_proj get
+    Fp8Rows) == quantize_rows inside fp8_linear (the path before), bit for bit; and
+    quantize_rows then runs only for o_proj (one launch a layer instead of three)."""
+    import dataclasses
+
+    from engine.attention_cuda import build_tree_block_masks
+    from engine.kernels import fp8_matmul
+    from engine.models.common import Linear
+
+    model = small_fp8_model(family, cuda)
+    input_ids, positions, attn, scored = packed_inputs([40, 90], cuda)
+    if flex:
+        attn = dataclasses.replace(attn, block_mask=build_tree_block_masks(attn.spans, cuda, bucket=256))
+    launches = []
+    counted = fp8_matmul.quantize_rows
+    monkeypatch.setattr(fp8_matmul, "quantize_rows", lambda x: launches.append(x.shape) or counted(x))
+    with torch.no_grad():
+        fused = model(input_ids, positions, attn, scored)
+        num_layers = len(model.model.layers)
+        assert len(launches) == num_layers  # o_proj's input, once a layer
+        monkeypatch.setattr(Linear, "wants_fp8_rows", property(lambda self: False))
+        launches.clear()
+        before = model(input_ids, positions, attn, scored)
+        assert len(launches) == 3 * num_layers  # qkv, o and gate_up inputs
+    assert torch.isfinite(fused).all() and torch.equal(fused, before)
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("run through test_quantizing_norms_under_the_triton_interpreter (TRITON_INTERPRET=1)")
+    check_interpreted()
