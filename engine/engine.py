@@ -51,7 +51,7 @@ FIRST_PASS_TOKENS = 8192
 ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
 # the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
 # + the row log-sum-exp kernel for log-softmax at the scored rows
-CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel+gated-act"
+CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel+gated-act+norm-fp8"
 
 
 @dataclass(frozen=True, slots=True)

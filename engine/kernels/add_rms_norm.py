@@ -69,7 +69,9 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor | Fp8Rows | None]:
     """Triton version of add_rms_norm_reference: x, delta [R, D] (last dim contiguous) ->
     (x_new [R, D], h [R, D] or None when norm is None), x's dtype. quantize: h as Fp8Rows,
-    bit-identical to fp8_matmul.quantize_rows(h) (fp8_linear's input as it is)."""
+    quantize_rows' maths on the bf16-rounded h (fp8_linear's input as it is). Row-local, so batch
+    invariant; on the H200 not bit-identical to quantize_rows(add_rms_norm(...)) at real widths (the
+    compiled kernel sums the squares in another order: a bf16 ulp in x_new and h)."""
     if not HAS_TRITON:
         raise RuntimeError("add_rms_norm: Triton is not installed")
     if x.shape != delta.shape or x.dtype != delta.dtype or x.ndim != 2:

@@ -113,7 +113,8 @@ def store_row(
 ):
     """Row `row` of a producer kernel that holds the whole row y (rounded to its dtype, lanes
     past K zero) into y_ptr [M, K]: as is, or (QUANTIZE; y_ptr e4m3, scale_ptr [M] fp32)
-    quantized with quantize_rows_kernel's maths, so the bits quantize_rows would give."""
+    quantized with quantize_rows_kernel's maths (the same formula; the producer's own reduction
+    order decides the last bits of y, see add_rms_norm)."""
     if QUANTIZE:
         x = y.to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(x), axis=0), MIN_AMAX_) / FP8_MAX_

@@ -54,8 +54,9 @@ def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0, quantize: bool = False
 ) -> torch.Tensor | Fp8Rows:
     """x: [..., D] (last dim contiguous) -> [..., D] contiguous, x's dtype. quantize: the rows
-    [R, D] as Fp8Rows, bit-identical to fp8_matmul.quantize_rows of the normed rows (the first
-    layer's input norm when qkv_proj holds an Fp8Weight)."""
+    [R, D] as Fp8Rows, quantize_rows' maths on the normed rows (the first layer's input norm
+    when qkv_proj holds an Fp8Weight); row-local, but within rounding of, not bit-identical
+    to, rms_norm then quantize_rows on the H200 (see add_rms_norm)."""
     if not HAS_TRITON:
         raise RuntimeError("rms_norm: Triton is not installed")
     num_cols = x.shape[-1]
