@@ -51,9 +51,12 @@ def close_rows(got: Fp8Rows, h: torch.Tensor) -> bool:
     return bool(((got_v - want_v).abs() <= bound).all() and scales_close)
 
 
-def bf16_close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Within one bf16 ulp (2^-7 relative) elementwise."""
-    return bool(((got.float() - want.float()).abs() <= 2**-7 * want.float().abs() + 1e-6).all())
+def bf16_close(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor) -> bool:
+    """x + d within two bf16 ulps of x or d (|d| <= |x| + |x + d|): the normed delta may be an
+    ulp off, and the sum's rounding adds one (H200: 13 of 3001 rows differed, worst 0.0081 of
+    |x| + |x + d| at width 3840, i.e. 2 ulps)."""
+    bound = 2**-6 * (want.float().abs() + x.float().abs()) + 1e-6
+    return bool(((got.float() - want.float()).abs() <= bound).all())
 
 
 def check_interpreted() -> None:
@@ -115,7 +118,7 @@ def test_gpu_quantizing_add_rms_norm_is_add_rms_norm_then_quantize_rows(cuda, di
     delta_norm = delta_norm if has_delta_norm else None
     x_new, h = add_rms_norm(x, delta, norm, delta_norm)
     got_x, rows = add_rms_norm(x, delta, norm, delta_norm, quantize=True)
-    assert bf16_close(got_x, x_new)
+    assert bf16_close(got_x, x_new, x)
     assert rows.xq.dtype == torch.float8_e4m3fn and rows.dtype == torch.bfloat16 and close_rows(rows, h)
     for start, stop in [(0, 1), (9, 200), (2000, 3001)]:
         alone_x, alone = add_rms_norm(x[start:stop], delta[start:stop], norm, delta_norm, quantize=True)
