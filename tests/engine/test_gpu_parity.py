@@ -57,3 +57,42 @@ def test_gpu_scores_alone_vs_packed_are_bit_identical():
         alone = engine.score_batch([requests[index]]).results[0]
         assert spinf_logprobs([alone]) == spinf_logprobs([packed[index]])
         assert alone.model_dump()["results"] == packed[index].model_dump()["results"]
+
+
+_SCORE_IN_A_NEW_PROCESS = """
+import json, sys
+import torch
+sys.path.insert(0, "benchmarks")
+import random_models
+from throughput import spinf_logprobs
+from workloads import load_workload
+from spinf_jobs.protocol import ScoringRequest
+hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=6)
+engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
+                                   "gemma-3-12b", "invariance", 16384)
+requests = [ScoringRequest.model_validate(r) for r in load_workload("news").requests(engine.model_name, 24, 20)]
+print(json.dumps(spinf_logprobs(engine.score_batch([requests[i] for i in json.loads(sys.argv[1])]).results)))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_scores_are_bit_identical_across_processes():
+    """A content scored alone in one process and packed with the whole workload (in reverse
+    order) in another: the same log-probabilities to the last bit (floats through JSON's repr
+    round-trip exactly)."""
+    import json
+    import subprocess
+
+    if not torch.cuda.is_available():
+        pytest.fail("needs CUDA (run through the device tool)")
+    root = Path(__file__).resolve().parents[2]
+
+    def scored(indices: list[int]) -> list[list[float]]:
+        proc = subprocess.run([sys.executable, "-c", _SCORE_IN_A_NEW_PROCESS, json.dumps(indices)], cwd=root,
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    [alone] = scored([5])
+    packed = scored(list(range(23, -1, -1)))
+    assert alone == packed[23 - 5]
