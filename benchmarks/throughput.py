@@ -180,6 +180,8 @@ def main() -> None:
     parser.add_argument("--workload", default="news")
     parser.add_argument("--num-texts", type=int, default=None, help="first N texts (default: all)")
     parser.add_argument("--naive-texts", type=int, default=2, help="hf_naive runs on the first N texts only")
+    parser.add_argument("--prefix-texts", type=int, default=None,
+                        help="hf_prefix runs on the first N texts only (default: all; its rate does not depend on N)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget", type=int, default=16384, help="spinf max_num_batched_tokens")
     parser.add_argument("--sweeps", action="store_true")
@@ -227,9 +229,12 @@ def main() -> None:
         print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
 
     if "hf_prefix" not in skip:
-        stats, prefix_lp = hf_baselines.run_prefix(hf, items, args.repeats, timed)
-        systems["hf_prefix"] = system_row(stats, num_questions, params, peaks["bf16"], batch_invariant=False)
-        result["spinf_bf16_vs_hf_prefix"] = diff_stats(spinf_logprobs(bf16_results), prefix_lp)
+        prefix_items = items[: args.prefix_texts]
+        stats, prefix_lp = hf_baselines.run_prefix(hf, prefix_items, args.repeats, timed)
+        extra = {"measured_on_texts": len(prefix_items)} if len(prefix_items) < len(items) else {}
+        systems["hf_prefix"] = system_row(stats, sum(len(i.questions) for i in prefix_items), params, peaks["bf16"],
+                                          batch_invariant=False, **extra)
+        result["spinf_bf16_vs_hf_prefix"] = diff_stats(spinf_logprobs(bf16_results)[: len(prefix_items)], prefix_lp)
         print("hf_prefix", _brief(systems["hf_prefix"]), result["spinf_bf16_vs_hf_prefix"], flush=True)
     if "hf_naive" not in skip:
         subset = items[: args.naive_texts]
@@ -240,7 +245,8 @@ def main() -> None:
             flat = [t.tolist() for t in naive_lp]
             naive_rows = [[x for q in flat[i * len(it.questions) : (i + 1) * len(it.questions)] for x in q]
                           for i, it in enumerate(subset)]
-            result["hf_naive_vs_hf_prefix"] = diff_stats(naive_rows, prefix_lp[: len(subset)])
+            shared = min(len(naive_rows), len(prefix_lp))  # texts both were measured on
+            result["hf_naive_vs_hf_prefix"] = diff_stats(naive_rows[:shared], prefix_lp[:shared])
         print("hf_naive", _brief(systems["hf_naive"]), result.get("hf_naive_vs_hf_prefix"), flush=True)
     if "spinf_fp8" not in skip:
         fp8_model = quantize_linears_fp8(random_models.engine_model(hf))
