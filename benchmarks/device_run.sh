@@ -8,13 +8,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 FINAL=${OUT:-/tmp/out}; OUT=/tmp/run; mkdir -p "$OUT" "$FINAL"  # everything is tarred into $FINAL/run.tgz (8-file limit)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv
+num=0
 for stage in "$@"; do
+  num=$((num + 1))  # in the file names: two stages of one workload do not overwrite each other
   IFS=: read -r kind model workload extra <<<"$stage"
   echo "=== $stage ($(date +%T))"
   case $kind in
     tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/kernels tests/engine/test_attention_cuda.py tests/engine/test_gpu_parity.py tests/engine/test_gpu_slots.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     kernels) python3 benchmarks/kernel_bench.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernel_bench.log" | tail -50 ;;
-    throughput) TORCH_LOGS=recompiles python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" --profile "$OUT/profile-$workload-$model.txt" $extra 2>&1 | tee "$OUT/throughput-$workload-$model.log" | grep -v Warning | tail -40 ;;
+    throughput) TORCH_LOGS=recompiles python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" --profile "$OUT/profile-$workload-$model-$num.txt" $extra 2>&1 | tee "$OUT/throughput-$workload-$model-$num.log" | grep -v Warning | tail -40 ;;
     parity) python3 benchmarks/gpu_parity.py --model "$model" --layer-std 0.5 --logit-std 4 1 $extra --out "$OUT/parity-$model$workload.json" 2>&1 | tee "$OUT/parity-$model.log" | tail -20 ;;
   esac
   cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null

@@ -209,7 +209,23 @@ def _row_logsumexp(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat(blocks)[:num_rows].cpu()
 
 
-class BeamDecoder:
+class Decoder:
+    """What every decoder has: `needs` (per live hypothesis, what to select from its next-token
+    row), `advance` (from the selected Candidates), `max_rows` (a K/V capacity hint)."""
+
+    def needs(self, state: DecodeState, vocab: SlotVocab) -> list[RowNeed]:
+        raise NotImplementedError
+
+    def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
+        raise NotImplementedError
+
+    def step(self, state: DecodeState, dists: torch.Tensor, vocab: SlotVocab) -> None:
+        """dists: [n_live, V] float32 log-probabilities of the next token, one row per live
+        hypothesis: select what the hypotheses need, then advance (one slot, any device)."""
+        self.advance(state, select(dists, self.needs(state, vocab), vocab), vocab)
+
+
+class BeamDecoder(Decoder):
     """Mode "extract". `max_width` caps the width (1 = greedy: parity's negative control)."""
 
     def __init__(self, max_width: int | None = None) -> None:
@@ -236,10 +252,6 @@ class BeamDecoder:
             mask = vocab.allowed_mask(spec.kind, hyp.text) if k or end else None
             needs.append(RowNeed(k, spec.kind, mask, end))
         return needs
-
-    def step(self, state: DecodeState, dists: torch.Tensor, vocab: SlotVocab) -> None:
-        """dists: [n_live, V] float32 log-probabilities of the next token, one row per live hypothesis."""
-        self.advance(state, select(dists, self.needs(state, vocab), vocab), vocab)
 
     def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
         """Steps 1-3 of the module docstring, from each live hypothesis's Candidates."""
@@ -278,7 +290,7 @@ def propose(spec: SlotSpec, hyp: Hypothesis, index: int, found: Candidates, voca
     return out
 
 
-class GenerateDecoder:
+class GenerateDecoder(Decoder):
     """Mode "generate": one path, greedy (no seed) or sampled at `temperature` (seed).
     p is the model's own (untempered) probability of the text and of how it ended."""
 
@@ -289,9 +301,6 @@ class GenerateDecoder:
         if state.generator is None:
             return [RowNeed(1, ALL)]  # argmax: the best token, ties to the lowest id
         return [RowNeed(0, ALL, full=True)]
-
-    def step(self, state: DecodeState, dists: torch.Tensor, vocab: SlotVocab) -> None:
-        self.advance(state, select(dists, self.needs(state, vocab), vocab), vocab)
 
     def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
         [hyp] = state.live
@@ -321,7 +330,7 @@ class GenerateDecoder:
         state.live = []
 
 
-class ForcedDecoder:
+class ForcedDecoder(Decoder):
     """Reads the probability of given paths under another prompt (the slot floor,
     engine/extraction.py): no search. A live hypothesis is a prefix shared by some paths;
     its step reads the log-probabilities of the paths' next tokens and, where a grammar path
@@ -347,9 +356,6 @@ class ForcedDecoder:
             mask = vocab.allowed_mask(spec.kind, hyp.text) if end else None
             needs.append(RowNeed(0, spec.kind if spec.is_grammar else ALL, mask, end, gather=following))
         return needs
-
-    def step(self, state: DecodeState, dists: torch.Tensor, vocab: SlotVocab) -> None:
-        self.advance(state, select(dists, self.needs(state, vocab), vocab), vocab)
 
     def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
         spec = state.spec

@@ -113,8 +113,8 @@ class KVArena:
             return row.new_zeros((0, capacity) + row.shape)
 
         layers = range(_num_layers(kv))
-        return cls(capacity, [empty(_rows_of(kv, i, 1)[0]) for i in layers],
-                   [empty(_values_of(kv, i, 1)[0]) for i in layers])
+        return cls(capacity, [empty(_kept(kv, "keys", i, 1)[0]) for i in layers],
+                   [empty(_kept(kv, "values", i, 1)[0]) for i in layers])
 
     def add(self, kvs: list[SlotKV]) -> None:
         """Move the slots in: one copy of each one's kept rows per layer; their old entries free."""
@@ -125,9 +125,9 @@ class KVArena:
         dest = torch.cat([e * self.capacity + torch.arange(kv.num_rows) for e, kv in zip(entries, kvs)])
         dest = to_device(dest, self.keys[0].device)  # [sum of kept rows] flat rows of the arena
         for layer in range(len(self.keys)):
-            for arena, source in ((self.keys, _rows_of), (self.values, _values_of)):
-                rows = torch.cat([source(kv, layer, kv.num_rows) for kv in kvs])  # [sum rows, Hkv, d]
-                arena[layer].view(-1, *rows.shape[1:]).index_copy_(0, dest, rows)
+            for part in ("keys", "values"):
+                rows = torch.cat([_kept(kv, part, layer, kv.num_rows) for kv in kvs])  # [sum rows, Hkv, d]
+                getattr(self, part)[layer].view(-1, *rows.shape[1:]).index_copy_(0, dest, rows)
         for entry, kv in zip(entries, kvs):
             if kv.arena is not None:
                 kv.arena.owners[kv.entry] = None
@@ -150,12 +150,12 @@ def _num_layers(kv: SlotKV) -> int:
     return len(kv.keys) if kv.arena is None else len(kv.arena.keys)
 
 
-def _rows_of(kv: SlotKV, layer: int, num_rows: int) -> torch.Tensor:  # [num_rows, Hkv, d]
-    return kv.keys[layer][:num_rows] if kv.arena is None else kv.arena.keys[layer][kv.entry, :num_rows]
-
-
-def _values_of(kv: SlotKV, layer: int, num_rows: int) -> torch.Tensor:  # [num_rows, Hkv, d]
-    return kv.values[layer][:num_rows] if kv.arena is None else kv.arena.values[layer][kv.entry, :num_rows]
+def _kept(kv: SlotKV, part: str, layer: int, num_rows: int) -> torch.Tensor:  # [num_rows, Hkv, d]
+    """The slot's first num_rows kept rows of `part` ("keys" or "values") at `layer`: from the
+    capture before it enters an arena, from its arena entry after."""
+    if kv.arena is None:
+        return getattr(kv, part)[layer][:num_rows]
+    return getattr(kv.arena, part)[layer][kv.entry, :num_rows]
 
 
 @dataclass(slots=True)

@@ -82,8 +82,9 @@ def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0, quantize: bool = False
 ) -> torch.Tensor | Fp8Rows:
     """x: [..., D] -> [..., D], computed in fp32. Gemma stores (weight - 1): weight_offset=1.
-    quantize (CUDA; `wants_fp8_rows` of the consumer): the rows as Fp8Rows, the bits
-    fp8_linear would quantize them to. On CPU ignored: the fp8 emulation quantizes in linear."""
+    quantize (CUDA; `wants_fp8_rows` of the consumer): the rows as Fp8Rows, quantized by the
+    norm kernel (within a bf16 ulp or two of norm-then-quantize_rows, see add_rms_norm.py).
+    On CPU ignored: the fp8 emulation quantizes in linear."""
     if x.is_cuda:
         return rms_norm_kernels.rms_norm(x, weight, eps, weight_offset, quantize)
     x32 = x.float()
@@ -97,7 +98,7 @@ def add_rms_norm(
     """The residual step: x [T, D] += delta_norm(delta) (delta as is when None), then
     h = norm(x) (None when norm is None). norm / delta_norm: (weight, eps, weight_offset).
     One fused kernel on CUDA, bit-identical to these unfused ops there; quantize as rms_norm's
-    (h as Fp8Rows on CUDA, the same bits as quantizing h in fp8_linear; ignored on CPU)."""
+    (h as Fp8Rows on CUDA, within rounding of quantizing h in fp8_linear; ignored on CPU)."""
     if x.is_cuda:
         return add_rms_norm_kernels.add_rms_norm(x, delta, norm, delta_norm, quantize)
     if delta_norm is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.kernels.logprobs import row_logsumexp
+from engine.kernels.logprobs import option_logprobs, row_logsumexp
 from engine.kv_cache import SlotKV
 from engine.ops import SCORE_CHUNK, to_device
 from engine.packer import PackedBatch
@@ -134,7 +134,7 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     launch (a row's log-sum-exp in fixed V chunks, engine/kernels/logprobs.py); CPU: torch's
     log-softmax per SCORE_CHUNK rows. Either way a row's value depends on that row alone."""
     if logits.is_cuda:
-        return logits.gather(1, targets[:, None])[:, 0].float() - row_logsumexp(logits)
+        return option_logprobs(logits, torch.arange(logits.shape[0], device=logits.device), targets)
     out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], SCORE_CHUNK):
         rows = slice(start, start + SCORE_CHUNK)

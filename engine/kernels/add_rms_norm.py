@@ -14,9 +14,11 @@ its outputs are bit-identical to rms_norm + torch add + rms_norm (tests/engine/k
 One program per row: a row's bits depend on the row alone (batch invariant).
 
 quantize=True (the projection reading h holds an Fp8Weight): the same kernel, compiled with
-QUANTIZE, stores h as fp8_matmul.quantize_rows would quantize the rounded row (e4m3 [R, D]
-and one fp32 scale a row, `Fp8Rows`), so quantize_rows_kernel no longer runs on h and h
-never goes to memory in bf16. Same block and warps: the same rounded h, then the same bits.
+QUANTIZE, quantizes the rounded h (`fp8_matmul.store_row`: e4m3 [R, D] and one fp32 scale a
+row, `Fp8Rows`), so quantize_rows_kernel no longer runs on h and h never goes to memory in
+bf16. Not bit-identical to the bf16 build then quantize_rows on the H200: compiled with the
+quantize step, the kernel reduces a row's squares in another order, so x_new and h can move by
+a bf16 ulp or two (tests/engine/kernels/test_kernel_norm_fp8.py). Still one program per row.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def add_rms_norm_kernel(
         s = s.to(tl.float32)
         inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / D + eps)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + offset
-        h = (s * inv_rms * w).to(dtype)  # QUANTIZE: h_ptr e4m3, h quantized as quantize_rows does
+        h = (s * inv_rms * w).to(dtype)  # QUANTIZE: h_ptr e4m3, h quantized by store_row
         store_row(h, h_ptr, h_scale_ptr, row, offs, mask, D, QUANTIZE, FP8_MAX_, MIN_AMAX_)
 
 

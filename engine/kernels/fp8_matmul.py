@@ -52,8 +52,8 @@ class Fp8Weight:
 
 @dataclass(slots=True)
 class Fp8Rows:
-    """Activation rows already quantized as quantize_rows quantizes them, by the kernel that
-    produced them (a norm with quantize=True): fp8_linear's input without quantize_rows."""
+    """Activation rows quantized (`store_row`) by the kernel that produced them (a norm with
+    quantize=True): fp8_linear's input without a quantize_rows launch."""
 
     xq: torch.Tensor  # [M, K] float8_e4m3fn
     scale: torch.Tensor  # [M] fp32
@@ -96,33 +96,31 @@ def fp8_linear_reference(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor 
 
 
 @jit
-def quantize_rows_kernel(x_ptr, xq_ptr, scale_ptr, K, BLOCK_K: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_K)
-    x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), MIN_AMAX_) / FP8_MAX_  # max is exact: order-free
-    xq = tl.clamp(x / scale, -FP8_MAX_, FP8_MAX_)
-    tl.store(xq_ptr + row * K + offs, xq.to(xq_ptr.dtype.element_ty), mask=offs < K)
-    tl.store(scale_ptr + row, scale)
-
-
-@jit
 def store_row(
     y, y_ptr, scale_ptr, row, offs, mask, K,
     QUANTIZE: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
 ):
     """Row `row` of a producer kernel that holds the whole row y (rounded to its dtype, lanes
     past K zero) into y_ptr [M, K]: as is, or (QUANTIZE; y_ptr e4m3, scale_ptr [M] fp32)
-    quantized with quantize_rows_kernel's maths (the same formula; the producer's own reduction
-    order decides the last bits of y, see add_rms_norm)."""
+    quantized: one scale per row (amax / FP8_MAX), then e4m3 — quantize_rows_kernel's own step.
+    A producer that computes y itself may round y differently from the kernel it replaces
+    (the norms on the H200: see add_rms_norm); the step after y is the same code."""
     if QUANTIZE:
         x = y.to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0), MIN_AMAX_) / FP8_MAX_
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), MIN_AMAX_) / FP8_MAX_  # max is exact: order-free
         xq = tl.clamp(x / scale, -FP8_MAX_, FP8_MAX_)
         tl.store(y_ptr + row * K + offs, xq.to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(scale_ptr + row, scale)
     else:
         tl.store(y_ptr + row * K + offs, y, mask=mask)
+
+
+@jit
+def quantize_rows_kernel(x_ptr, xq_ptr, scale_ptr, K, BLOCK_K: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + row * K + offs, mask=offs < K, other=0.0)
+    store_row(x, xq_ptr, scale_ptr, row, offs, offs < K, K, True, FP8_MAX_, MIN_AMAX_)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ import torch
 from transformers.activations import ACT2FN
 
 from engine.kernels._triton import HAS_TRITON, jit, tl
+from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, store_row
 from engine.kernels.matmul import triton_cdiv
 
 # ACT2FN names the kernel computes -> its ACT constant
@@ -67,17 +68,14 @@ def gated_act_fp8_kernel(
     FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
 ):
     """One program per row (the row's amax): y as gated_act_kernel writes it, then
-    fp8_matmul.quantize_rows_kernel's maths on it, so the same e4m3 bits and scale."""
+    fp8_matmul.quantize_rows_kernel's maths on it (`store_row`)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < I
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _gated(gate, up, ACT, C, x_ptr.dtype.element_ty).to(tl.float32)  # lanes past I: 0
-    scale = tl.maximum(tl.max(tl.abs(y), axis=0), MIN_AMAX_) / FP8_MAX_
-    xq = tl.clamp(y / scale, -FP8_MAX_, FP8_MAX_)
-    tl.store(xq_ptr + row * I + cols, xq.to(xq_ptr.dtype.element_ty), mask=mask)
-    tl.store(scale_ptr + row, scale)
+    y = _gated(gate, up, ACT, C, x_ptr.dtype.element_ty)  # lanes past I: 0
+    store_row(y, xq_ptr, scale_ptr, row, cols, mask, I, True, FP8_MAX_, MIN_AMAX_)
 
 
 def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
@@ -101,8 +99,6 @@ def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 def gated_act_fp8(gate_up: torch.Tensor, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows(gated_act(gate_up)) in one kernel: -> (e4m3 [T, I], scale [T] fp32), the
     input of fp8_matmul for a down projection held as an Fp8Weight (no [T, I] bf16 round trip)."""
-    from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX
-
     if not HAS_TRITON:
         raise RuntimeError("gated_act_fp8: Triton is not installed")
     if gate_up.stride(-1) != 1:

@@ -1,7 +1,7 @@
 """Batch-invariant RMSNorm, and RMSNorm fused with RoPE for per-head q/k norms (Qwen3, Gemma3).
 
     hidden [R, D] ──rms_norm_kernel (one program per row)──> [R, D]
-                    (quantize=True: Fp8Rows, e4m3 [R, D] + scale [R], as quantize_rows gives)
+                    (quantize=True: Fp8Rows, e4m3 [R, D] + scale [R], fp8_matmul.store_row)
     q or k [T, H, d], cos/sin [T, d] ──qk_norm_rope_kernel (one program per token)──> [T, H, d]
 
 Why a kernel: torch's mean over the last dim picks its reduction strategy from the whole
@@ -46,7 +46,7 @@ def rms_norm_kernel(
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset
-    y = (x * inv_rms * w).to(x_ptr.dtype.element_ty)  # QUANTIZE: y_ptr e4m3, y quantized as quantize_rows does
+    y = (x * inv_rms * w).to(x_ptr.dtype.element_ty)  # QUANTIZE: y_ptr e4m3, y quantized by store_row
     store_row(y, y_ptr, y_scale_ptr, row, offs, mask, D, QUANTIZE, FP8_MAX_, MIN_AMAX_)
 
 

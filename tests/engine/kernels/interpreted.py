@@ -117,6 +117,40 @@ def check_qk_norm_rope() -> None:
     assert padded.shape == (10, 4, 32) and not padded[6:].any()
 
 
+
+def same_rows(got, want) -> bool:
+    """Fp8Rows `got` and (e4m3, scales) `want`: the same e4m3 bits and the same scales."""
+    import torch
+
+    return torch.equal(got.xq.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got.scale, want[1])
+
+
+def check_quantizing_norms() -> None:
+    """The quantizing norms (test_kernel_norm_fp8.py) against the unquantized norm kernel then
+    quantize_rows_kernel, bit for bit (both interpreted: the same truncation), and row invariant."""
+    import torch
+
+    from engine.kernels.add_rms_norm import add_rms_norm
+    from engine.kernels.fp8_matmul import Fp8Rows, quantize_rows
+    from engine.kernels.rms_norm import rms_norm
+    from kernel_inputs import fresh
+
+    for dtype in (torch.bfloat16, torch.float32):
+        x, delta = fresh((5, 200), dtype=dtype, seed=1, scale=3.0), fresh((5, 300), dtype=dtype, seed=2)[:, :200]
+        x[3] = 0.0
+        delta[3] = 0.0  # an all-zero row: the MIN_AMAX scale
+        norm, delta_norm = (fresh((200,), dtype=dtype, seed=3), 1e-6, 1.0), (fresh((200,), dtype=dtype, seed=4), 1e-5, 0.0)
+        for dn in (delta_norm, None):
+            x_new, h = add_rms_norm(x, delta, norm, dn)
+            got_x, got_h = add_rms_norm(x, delta, norm, dn, quantize=True)
+            assert isinstance(got_h, Fp8Rows) and got_h.dtype == dtype and got_h.shape == (5, 200)
+            assert torch.equal(got_x, x_new) and same_rows(got_h, quantize_rows(h))
+            alone = add_rms_norm(x[1:4], delta[1:4], norm, dn, quantize=True)[1]
+            assert same_rows(alone, (got_h.xq[1:4], got_h.scale[1:4]))
+        rows = rms_norm(x, *norm, quantize=True)
+        assert rows.dtype == dtype and same_rows(rows, quantize_rows(rms_norm(x, *norm)))
+        assert same_rows(rms_norm(x[2:5], *norm, quantize=True), (rows.xq[2:5], rows.scale[2:5]))
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run through run_interpreted (TRITON_INTERPRET=1)")

@@ -15,11 +15,6 @@ launch (batch invariance); against the two-kernel path the gpu tests allow round
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -27,17 +22,12 @@ from engine import ops
 from engine.kernels.add_rms_norm import add_rms_norm
 from engine.kernels.fp8_matmul import Fp8Rows, quantize_rows, quantize_weight
 from engine.kernels.rms_norm import rms_norm
-from interpreted import REPO, run_interpreted  # noqa: F401  (run_interpreted: its skip/fail rules)
+from interpreted import run_interpreted, same_rows
 from kernel_inputs import fresh
 
 
 def norms(dim: int, device="cpu", dtype=torch.bfloat16, offset: float = 1.0):
     return (fresh((dim,), device, dtype, seed=11), 1e-6, offset), (fresh((dim,), device, dtype, seed=12), 1e-6, offset)
-
-
-def same_rows(got: Fp8Rows, want: tuple[torch.Tensor, torch.Tensor]) -> bool:
-    """The e4m3 bits and the scales are the same."""
-    return torch.equal(got.xq.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got.scale, want[1])
 
 
 def close_rows(got: Fp8Rows, h: torch.Tensor) -> bool:
@@ -59,36 +49,8 @@ def bf16_close(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor) -> bool:
     return bool(((got.float() - want.float()).abs() <= bound).all())
 
 
-def check_interpreted() -> None:
-    """Run under TRITON_INTERPRET=1 (this file as a script): the quantizing norms against the
-    unquantized norm kernel then quantize_rows_kernel, bit for bit, and row invariant."""
-    for dtype in (torch.bfloat16, torch.float32):
-        x, delta = fresh((5, 200), dtype=dtype, seed=1, scale=3.0), fresh((5, 300), dtype=dtype, seed=2)[:, :200]
-        x[3] = 0.0
-        delta[3] = 0.0  # an all-zero row: the MIN_AMAX scale
-        norm, delta_norm = (fresh((200,), dtype=dtype, seed=3), 1e-6, 1.0), (fresh((200,), dtype=dtype, seed=4), 1e-5, 0.0)
-        for dn in (delta_norm, None):
-            x_new, h = add_rms_norm(x, delta, norm, dn)
-            got_x, got_h = add_rms_norm(x, delta, norm, dn, quantize=True)
-            assert isinstance(got_h, Fp8Rows) and got_h.dtype == dtype and got_h.shape == (5, 200)
-            assert torch.equal(got_x, x_new) and same_rows(got_h, quantize_rows(h))
-            alone = add_rms_norm(x[1:4], delta[1:4], norm, dn, quantize=True)[1]
-            assert same_rows(alone, (got_h.xq[1:4], got_h.scale[1:4]))
-        rows = rms_norm(x, *norm, quantize=True)
-        assert rows.dtype == dtype and same_rows(rows, quantize_rows(rms_norm(x, *norm)))
-        assert same_rows(rms_norm(x[2:5], *norm, quantize=True), (rows.xq[2:5], rows.scale[2:5]))
-
-
 def test_quantizing_norms_under_the_triton_interpreter():
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        run_interpreted("add_rms_norm")  # fails or skips as every interpreter test does without Triton
-        return
-    here = Path(__file__).resolve().parent
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{here}"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_interpreted("quantizing_norms")
 
 
 def test_cpu_ignores_quantize():
@@ -218,8 +180,3 @@ def test_gpu_fp8_model_with_quantizing_norms_matches_the_two_kernel_path(cuda, m
     assert torch.isfinite(fused).all()
     torch.testing.assert_close(fused, before, atol=0.1 * before.std().item(), rtol=0)
 
-
-if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        sys.exit("run through test_quantizing_norms_under_the_triton_interpreter (TRITON_INTERPRET=1)")
-    check_interpreted()
