@@ -2,6 +2,8 @@
 # One call on the GPU machine (through the device tool): install the carried wheels, then run
 # the stages named in $@ (tests, kernels, throughput:<model>:<workload>[:extra args], parity:<model>).
 # Logs and results go to $OUT (the tool brings them back). See docs/performance.md.
+# STAGE_TIMEOUT (seconds, default 3000) bounds each stage, so a stage that runs long still ends
+# before the call's limit and the stages' files come back; PROFILE=0 skips the per-op profiles.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -16,7 +18,8 @@ for stage in "$@"; do
   case $kind in
     tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/kernels tests/engine/test_attention_cuda.py tests/engine/test_gpu_parity.py tests/engine/test_gpu_slots.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     kernels) python3 benchmarks/kernel_bench.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernel_bench.log" | tail -50 ;;
-    throughput) TORCH_LOGS=recompiles python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" --profile "$OUT/profile-$workload-$model-$num.txt" $extra 2>&1 | tee "$OUT/throughput-$workload-$model-$num.log" | grep -v Warning | tail -40 ;;
+    throughput) profile=(); [ "${PROFILE:-1}" = 0 ] || profile=(--profile "$OUT/profile-$workload-$model-$num.txt")
+      TORCH_LOGS=recompiles timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" "${profile[@]}" $extra 2>&1 | tee "$OUT/throughput-$workload-$model-$num.log" | grep -v Warning | tail -40 ;;
     parity) python3 benchmarks/gpu_parity.py --model "$model" --layer-std 0.5 --logit-std 4 1 $extra --out "$OUT/parity-$model$workload.json" 2>&1 | tee "$OUT/parity-$model.log" | tail -20 ;;
   esac
   cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null

@@ -221,6 +221,7 @@ def main() -> None:
     systems["spinf_bf16"]["batch_invariant"] = check_invariance(engine, requests, bf16_results)
     systems["spinf_bf16"]["timeline"] = timeline(engine, requests)
     print("spinf_bf16", _brief(systems["spinf_bf16"]), "\n  timeline", brief(systems["spinf_bf16"]["timeline"]), flush=True)
+    write_result(result, final=False)  # after every system: a run cut short keeps the rows it finished
     if args.profile:
         print(profile_pass(engine, requests, args.profile), flush=True)
     if args.slots:
@@ -236,6 +237,7 @@ def main() -> None:
                                           batch_invariant=False, **extra)
         result["spinf_bf16_vs_hf_prefix"] = diff_stats(spinf_logprobs(bf16_results)[: len(prefix_items)], prefix_lp)
         print("hf_prefix", _brief(systems["hf_prefix"]), result["spinf_bf16_vs_hf_prefix"], flush=True)
+        write_result(result, final=False)
     if "hf_naive" not in skip:
         subset = items[: args.naive_texts]
         stats, naive_lp = hf_baselines.run_naive(hf, subset, args.repeats, timed)
@@ -248,6 +250,7 @@ def main() -> None:
             shared = min(len(naive_rows), len(prefix_lp))  # texts both were measured on
             result["hf_naive_vs_hf_prefix"] = diff_stats(naive_rows[:shared], prefix_lp[:shared])
         print("hf_naive", _brief(systems["hf_naive"]), result.get("hf_naive_vs_hf_prefix"), flush=True)
+        write_result(result, final=False)
     if "spinf_fp8" not in skip:
         fp8_model = quantize_linears_fp8(random_models.engine_model(hf))
         engine8 = random_models.make_engine(fp8_model, tokenizer, args.model, f"random-seed0-{args.model}-fp8", args.budget)
@@ -295,13 +298,16 @@ def _brief(row: dict) -> str:
     return f"{row['questions_per_s']:.1f} q/s {row['tokens_per_s']:.0f} tok/s mfu {row['mfu']:.3f} ({row['seconds']:.3f} s) {extra}"
 
 
-def write_result(result: dict) -> None:
+def write_result(result: dict, final: bool = True) -> None:
+    """The JSON + Markdown pair; `complete` is false until every asked-for system has run."""
+    result["complete"] = final
     RESULTS.mkdir(exist_ok=True)
     tag = f"-{result['tag']}" if result.get("tag") else ""
     stem = RESULTS / f"{result['date']}-{result['workload']}-{result['model']}{tag}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     stem.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    if final:
+        print(markdown(result))
 
 
 def markdown(result: dict) -> str:
@@ -312,6 +318,7 @@ def markdown(result: dict) -> str:
         f"commit `{result['commit'][:12]}`, {result['date']}, torch {result['torch']}, {result['num_texts']} texts,"
         f" {result['num_questions']} questions, median of {result['repeats']} timed repeats after warm-up.",
         f"Peaks measured in this run: bf16 {peaks['bf16']:.0f} TFLOP/s, fp8 {peaks['fp8']:.0f} TFLOP/s (8192^3).",
+        *([] if result.get("complete", True) else ["", "**Incomplete: the run stopped before every system had run.**"]),
         "",
         "| system | questions/s | tokens/s | seconds | MFU | batch invariant |",
         "|---|---:|---:|---:|---:|---|",
