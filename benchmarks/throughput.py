@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hf_baselines  # noqa: E402
 import random_models  # noqa: E402
+from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
 from slot_workload import load_slot_queries, slot_token_share, with_slots  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
@@ -113,11 +114,16 @@ def run_spinf(engine, requests, repeats: int) -> tuple[dict, list]:
         engine.score_batch(requests)
     counter.num_tokens = counter.num_passes = 0
     counter.runner_seconds = 0.0
+    torch.cuda.reset_peak_memory_stats()
+    collections = CollectionLog()  # the collector's seconds over the timed runs, between them too
+    collections.phase = "timed"
     seconds, times, output = timed(lambda: engine.score_batch(requests), repeats, warmup=0)
+    collections.close()
     num_runs = repeats
     stats = {"seconds": seconds, "times": times, "tokens": counter.num_tokens // num_runs,
              "passes": counter.num_passes // num_runs, "runner_seconds": counter.runner_seconds / num_runs,
-             "tokenize_seconds": compile_time["seconds"]}
+             "tokenize_seconds": compile_time["seconds"], "gc_seconds": collections.seconds("timed") / num_runs,
+             "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30}
     stats["seconds_with_tokenize"] = seconds + stats["tokenize_seconds"]
     return stats, output.results
 
@@ -294,7 +300,7 @@ def run_slots(engine, workload, args, bf16_row: dict, num_questions: int, params
 
 
 def _brief(row: dict) -> str:
-    extra = {k: round(row[k], 3) for k in ("runner_seconds", "tokenize_seconds", "passes", "batch_invariant") if k in row}
+    extra = {k: round(row[k], 3) for k in ("runner_seconds", "tokenize_seconds", "gc_seconds", "passes", "batch_invariant") if k in row}
     return f"{row['questions_per_s']:.1f} q/s {row['tokens_per_s']:.0f} tok/s mfu {row['mfu']:.3f} ({row['seconds']:.3f} s) {extra}"
 
 
@@ -331,7 +337,8 @@ def markdown(result: dict) -> str:
         if "runner_seconds" in row:
             lines.append(f"\n{name}: {row['passes']} passes; launch (block masks, copies, kernel launches, and any wait for the GPU inside them) {row['runner_seconds']:.3f} s of"
                          f" {row['seconds']:.3f} s; tokenization {row['tokenize_seconds']:.3f} s more (not in the table:"
-                         f" the baselines get tokenized input too)")
+                         f" the baselines get tokenized input too)"
+                         + (f"; garbage collector {row['gc_seconds']:.3f} s per run" if "gc_seconds" in row else ""))
         if "timeline" in row:
             lines.append(f"\n{name} timeline of one more run (benchmarks/timeline.py): {brief(row['timeline'])}")
     if "spinf_bf16_slots" in result["systems"]:

@@ -10,6 +10,7 @@ Threads, never forks: the engine may have started CUDA.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
@@ -59,6 +60,7 @@ def load_engines(models: list[str], device: str, max_num_batched_tokens: int, pa
     for model in models:
         engine = get_engine(model, device, max_num_batched_tokens, pack_dirs)
         engines[engine.model_name] = engine
+    gc.freeze()  # what loading made lives as long as the worker: later collections skip it
     return engines
 
 

@@ -148,3 +148,63 @@ def test_debug_shows_rendered_prompt_and_scored_tokens(tiny_engine):
     for option in combination.debug.options:
         full = engine.tokenizer(combination.debug.rendered + option.text, add_special_tokens=False)["input_ids"]
         assert full[combination.debug.branch_point :] == option.token_ids
+
+
+def _collections_inside_batch(engine, requests, monkeypatch) -> int:
+    """How many cyclic collections start while the batch's work runs (gen-0 threshold lowered
+    so an unguarded batch would trigger many)."""
+    import gc
+
+    state = {"inside": False, "count": 0}
+    score = engine._score_batch
+
+    def marked(batch):
+        state["inside"] = True
+        try:
+            return score(batch)
+        finally:
+            state["inside"] = False
+
+    def on_collection(phase, info):
+        state["count"] += phase == "start" and state["inside"]
+
+    monkeypatch.setattr(engine, "_score_batch", marked)
+    threshold = gc.get_threshold()
+    gc.callbacks.append(on_collection)
+    gc.set_threshold(50, 10**6, 10**6)  # young collections only, often
+    try:
+        engine.score_batch(requests)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(on_collection)
+    return state["count"]
+
+
+def test_no_cyclic_collection_inside_a_batch(tiny_engine, monkeypatch):
+    import contextlib
+    import gc
+
+    import engine.engine as engine_module
+
+    engine = tiny_engine("qwen2")
+    requests = load_cases(has_chat_template=True)[:4]
+    assert gc.isenabled()
+    assert _collections_inside_batch(engine, requests, monkeypatch) == 0
+    assert gc.isenabled()  # restored after the batch
+    monkeypatch.setattr(engine_module, "cyclic_gc_deferred", contextlib.nullcontext)  # the control
+    assert _collections_inside_batch(engine, requests, monkeypatch) > 10
+
+
+def test_collector_restored_when_a_batch_raises(tiny_engine, monkeypatch):
+    import gc
+
+    engine = tiny_engine("qwen2")
+
+    def broken(requests):
+        assert not gc.isenabled()
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine, "_score_batch", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        engine.score_batch([])
+    assert gc.isenabled()
