@@ -9,11 +9,17 @@
 
 A variant is only usable if it is bit-identical to the current one on every row (or, if not,
 its own alone-vs-packed invariance must be shown before adopting it: a new fingerprint).
+
+    --variants tma,...   only these (default: all)
+    --probe-mask-cost    also: the same block lists with a mask_mod that keeps every key of a
+                         partial block (wrong outputs: a cost probe only), and per window the tile
+                         counts, so each row also has TFLOP/s over the tiles the kernel visits
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -69,11 +75,32 @@ def time_variant(q, k, v, masks, scale, window, options, repeats=20):
     return (time.perf_counter() - start) / repeats, out
 
 
+class _NoBitLookup(attention_cuda.TreeBlockMasks):
+    """The same block lists; inside a partial block every key is kept (no bit read)."""
+
+    def _mask_mod(self, window):
+        return lambda b, h, q, kv: kv >= 0
+
+
+def tile_counts(masks, window) -> dict:
+    block_mask = masks.for_window(window)
+    return {"partial_tiles": int(block_mask.kv_num_blocks.sum()), "full_tiles": int(block_mask.full_kv_num_blocks.sum())}
+
+
+def tile_tflops(counts: dict, heads: int, dim: int, seconds: float) -> float:
+    """FLOPs of every visited 64x64 tile (QK^T and PV, 2 x 2 x 64 x 64 x d per head) / time."""
+    size = attention_cuda.BLOCK_SIZE
+    return (counts["partial_tiles"] + counts["full_tiles"]) * 4 * size * size * dim * heads / seconds / 1e12
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gemma-3-12b")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of VARIANTS to time")
+    parser.add_argument("--probe-mask-cost", action="store_true")
     args = parser.parse_args()
+    variants = {name: VARIANTS[name] for name in args.variants.split(",")}
     config = random_models.ARCHS[args.model].config
     spans = first_pass_spans(args.model)
     masks = attention_cuda.build_tree_block_masks(spans, "cuda")
@@ -86,7 +113,8 @@ def main() -> None:
     rows = []
     for window in (None, config.get("sliding_window")):
         reference = None
-        for name, options in VARIANTS.items():
+        counts = tile_counts(masks, window)
+        for name, options in variants.items():
             try:
                 seconds, out = time_variant(q, k, v, masks, scale, window, options)
             except Exception as error:  # a variant the compiler refuses is reported, not fatal
@@ -96,9 +124,18 @@ def main() -> None:
             reference = out if reference is None else reference
             row = {"variant": name, "window": window, "options": {**BASE, **options}, "ms": seconds * 1e3,
                    "bit_identical_to_current": bool(torch.equal(out, reference)),
-                   "max_abs_diff": float((out.float() - reference.float()).abs().max())}
+                   "max_abs_diff": float((out.float() - reference.float()).abs().max()),
+                   **counts, "tile_tflops": tile_tflops(counts, heads, dim, seconds)}
             rows.append(row)
             print(row, flush=True)
+        if args.probe_mask_cost:
+            fields = {f.name: getattr(masks, f.name) for f in dataclasses.fields(masks) if not f.name.startswith("_")}  # own caches
+            probe = _NoBitLookup(**fields)
+            seconds, _ = time_variant(q, k, v, probe, scale, window, variants[next(iter(variants))])
+            rows.append({"variant": "probe_no_bit_lookup", "window": window, "ms": seconds * 1e3, **counts,
+                         "tile_tflops": tile_tflops(counts, heads, dim, seconds),
+                         "note": "partial blocks keep every key: wrong outputs, cost only"})
+            print(rows[-1], flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "model": args.model, "num_tokens": num_tokens,
               "num_spans": len(spans), "torch": torch.__version__, "rows": rows}
     if args.out:
