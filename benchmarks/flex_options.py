@@ -11,9 +11,10 @@ A variant is only usable if it is bit-identical to the current one on every row 
 its own alone-vs-packed invariance must be shown before adopting it: a new fingerprint).
 
     --variants tma,...   only these (default: all)
-    --probe-mask-cost    also: the same block lists with a mask_mod that keeps every key of a
-                         partial block (wrong outputs: a cost probe only), and per window the tile
-                         counts, so each row also has TFLOP/s over the tiles the kernel visits
+    --probe-mask-cost    also: the bit-per-column mask (spans without runs; bit-checked against
+                         the runs mask), and the same block lists with a mask_mod that keeps every
+                         key of a partial block (wrong outputs: a cost probe only); per window the
+                         tile counts, so each row also has TFLOP/s over the tiles the kernel visits
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def time_variant(q, k, v, masks, scale, window, options, repeats=20):
 
 
 class _NoBitLookup(attention_cuda.TreeBlockMasks):
-    """The same block lists; inside a partial block every key is kept (no bit read)."""
+    """The same block lists; inside a partial block every key is kept (no lookup at all)."""
 
     def _mask_mod(self, window):
         return lambda b, h, q, kv: kv >= 0
@@ -129,6 +130,13 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
         if args.probe_mask_cost:
+            bits = attention_cuda.build_tree_block_masks([dataclasses.replace(s, runs=None) for s in spans], "cuda")
+            seconds, out = time_variant(q, k, v, bits, scale, window, variants[next(iter(variants))])
+            rows.append({"variant": "bits_mask", "window": window, "ms": seconds * 1e3, **counts,
+                         "tile_tflops": tile_tflops(counts, heads, dim, seconds),
+                         "bit_identical_to_current": bool(torch.equal(out, reference)),
+                         "note": "one mask bit read per (row, column), as before the runs"})
+            print(rows[-1], flush=True)
             fields = {f.name: getattr(masks, f.name) for f in dataclasses.fields(masks) if not f.name.startswith("_")}  # own caches
             probe = _NoBitLookup(**fields)
             seconds, _ = time_variant(q, k, v, probe, scale, window, variants[next(iter(variants))])

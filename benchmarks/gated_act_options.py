@@ -51,7 +51,7 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     gate_up = torch.randn(args.rows, 2 * args.intermediate, device="cuda", generator=gen).to(torch.bfloat16)
     moved = gate_up.numel() * 2 + args.rows * args.intermediate + args.rows * 4  # read bf16, write e4m3 + scales
-    shipped = gated_act.gated_act_fp8(gate_up, "gelu_pytorch_tanh")
+    shipped = launch(gate_up, 16)  # the launch shipped until e4a4352 (num_warps 16 for these rows)
     rows = []
     for num_warps in NUM_WARPS:
         try:

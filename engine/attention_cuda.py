@@ -8,9 +8,15 @@
 Blocks are BLOCK_SIZE = ROW_CHUNK = 64 tokens, and the packer starts every tree at a multiple
 of 64, so a content's tiles (which are empty, partial or full, and in what order they are
 visited) are the same wherever it sits: its attention is bit-identical alone or packed.
-Inside a partial block the mask_mod reads one bit of the span's mask:
+Inside a partial block the mask_mod tests kv against q's runs of visible columns (at most
+packer.MAX_NUM_RUNS intervals per row, made by packer.tree_runs from the tree):
+    any_k(run_start[q, k] <= kv < run_end[q, k])
+loads indexed by the row only. Spans without runs (a custom mask_fn, or a row with more runs)
+make the pass read one bit of the span's mask per (row, column) instead:
     bits[row_base[q] + (kv - span_start[q]) // 32] >> ((kv - span_start[q]) % 32) & 1
-(+ `pos[q] - pos[kv] < window` on sliding layers). The stream is padded to a multiple of
+Both give the same mask, so the same outputs bit for bit (+ `pos[q] - pos[kv] < window` on
+sliding layers); the bit gathers cost ~30% of a layer's attention on the H200
+(benchmarks/flex_options.py --probe-mask-cost). The stream is padded to a multiple of
 BUCKET tokens so flex_attention compiles once per bucket, not once per pass. The padding is
 made once per pass, not per layer: `TreeBlockMasks.padded_buffer` is a [Tp, N] buffer with
 zero tail rows that every layer's fused q/k/v matmul writes (v comes padded, a view), and the
@@ -55,6 +61,8 @@ class TreeBlockMasks:
     full_blocks: torch.Tensor  # [Tp/64, Tp/64] bool: the tree mask is all True in the block
     block_pos_min: torch.Tensor  # [Tp/64] int64 per block, for window classification
     block_pos_max: torch.Tensor
+    run_start: torch.Tensor | None = None  # [Tp, K] int32: q's k-th run of visible keys starts here
+    run_end: torch.Tensor | None = None  # [Tp, K] int32: ... and ends before here (unused: empty)
     _by_window: dict[int | None, BlockMask] = field(default_factory=dict)
     _padded_buffers: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
@@ -88,6 +96,8 @@ class TreeBlockMasks:
         )
 
     def _mask_mod(self, window: int | None):
+        if self.run_start is not None:
+            return self._runs_mask_mod(window)
         bits, row_base, span_start, span_end, pos = self.bits, self.row_base, self.span_start, self.span_end, self.positions
 
         def tree_mask_mod(b, h, q, kv):
@@ -100,6 +110,20 @@ class TreeBlockMasks:
             return keep
 
         return tree_mask_mod
+
+    def _runs_mask_mod(self, window: int | None):
+        run_start, run_end, pos = self.run_start, self.run_end, self.positions
+        num_runs = run_start.shape[1]
+
+        def tree_runs_mask_mod(b, h, q, kv):
+            keep = (kv >= run_start[q, 0]) & (kv < run_end[q, 0])
+            for k in range(1, num_runs):
+                keep = keep | ((kv >= run_start[q, k]) & (kv < run_end[q, k]))
+            if window is not None:
+                keep = keep & (pos[q] - pos[kv] < window)
+            return keep
+
+        return tree_runs_mask_mod
 
 
 def _dense_to_ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +151,8 @@ def build_tree_block_masks(spans, device: torch.device | str, bucket: int = BUCK
     full_blocks = np.zeros((num_blocks, num_blocks), dtype=bool)
     words: list[np.ndarray] = []
     num_words = 0
+    has_runs = all(span.runs is not None for span in spans)
+    runs = np.zeros((num_padded, 2, spans[0].runs.shape[-1] if has_runs else 1), dtype=np.int32)
     for span in spans:
         mask = span.mask.numpy() if isinstance(span.mask, torch.Tensor) else span.mask
         n, start = mask.shape[0], span.start
@@ -143,6 +169,8 @@ def build_tree_block_masks(spans, device: torch.device | str, bucket: int = BUCK
         full_blocks[b0 : b0 + nb, b0 : b0 + nb] = (blocks == -1).all(axis=(1, 3))
         words.append(span_bits.reshape(-1))
         num_words += span_bits.size
+        if has_runs:
+            runs[rows] = span.runs + start  # absolute columns; an empty run stays empty
     block_pos = positions.reshape(num_blocks, BLOCK_SIZE)
     # Capacity depends only on the bucket, so the compiled kernel's input shapes repeat.
     # Words past num_words are never read (the mask_mod reads only inside q's span): empty, not zeros.
@@ -158,6 +186,8 @@ def build_tree_block_masks(spans, device: torch.device | str, bucket: int = BUCK
         row_base=to_dev(row_base), span_start=to_dev(span_start), span_end=to_dev(span_end),
         positions=to_dev(positions), any_blocks=to_dev(any_blocks), full_blocks=to_dev(full_blocks),
         block_pos_min=to_dev(block_pos.min(axis=1)), block_pos_max=to_dev(block_pos.max(axis=1)),
+        run_start=to_dev(np.ascontiguousarray(runs[:, 0])) if has_runs else None,
+        run_end=to_dev(np.ascontiguousarray(runs[:, 1])) if has_runs else None,
     )
 
 

@@ -27,6 +27,7 @@ from engine.tree import TokenTree, build_tree
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 PAD_TOKEN_ID = 0
+MAX_NUM_RUNS = 8  # a row's visible columns as at most this many intervals (news: at most 5)
 
 
 @dataclass(slots=True)
@@ -128,6 +129,7 @@ def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None) -> Packed
                 start=start,
                 mask=torch.from_numpy(mask_fn(tree.parents, num_padded)),
                 positions=torch.tensor(positions[start:], dtype=torch.long),
+                runs=tree_runs(tree.parents, num_padded) if mask_fn is tree_mask else None,
             )
         )
         trees.append(PackedTree(owner, tree, start, score_start, slot_start))
@@ -161,6 +163,47 @@ def tree_mask(parents: list[int], num_padded: int) -> np.ndarray:
     padding = np.arange(num_nodes, num_padded)
     mask[padding, padding] = True
     return mask
+
+
+def tree_runs(parents: list[int], num_padded: int, max_num_runs: int = MAX_NUM_RUNS) -> np.ndarray | None:
+    """tree_mask's rows as intervals: [n, 2, max_num_runs] int32, row i's k-th run of visible
+    columns is [runs[i, 0, k], runs[i, 1, k]) (unused runs empty: [0, 0)); None if a row has
+    more runs than that. Built per chain as tree_mask is: a chain sees its parent row's runs,
+    and its own rows extend them by [chain start, row + 1), one run when the chain follows its
+    parent directly. Exactly tree_mask (tests/engine/test_packer.py); the CUDA mask reads these
+    per row instead of one mask bit per (row, column) (engine/attention_cuda.py)."""
+    num_nodes = len(parents)
+    starts = [i for i in range(num_nodes) if i == 0 or parents[i] != i - 1] + [num_nodes]
+    chain_of = np.zeros(num_padded, dtype=np.int64)
+    closed: list[list[tuple[int, int]]] = []  # per chain: the runs before its open one
+    open_start: list[int] = []  # per chain: where its open run (ending at row + 1) starts
+    for index, (start, end) in enumerate(zip(starts, starts[1:])):
+        chain_of[start:end] = index
+        parent = parents[start]
+        if parent < 0:
+            runs, first = [], start
+        else:
+            owner = chain_of[parent]
+            runs, first = closed[owner], open_start[owner]
+            if parent + 1 != start:  # the parent row's open run closes at the parent
+                runs, first = runs + [(first, parent + 1)], start
+        if len(runs) >= max_num_runs:
+            return None
+        closed.append(runs)
+        open_start.append(first)
+    table = np.zeros((len(closed) + 1, 2, max_num_runs), dtype=np.int32)  # last: padding rows
+    num_closed = np.zeros(len(closed) + 1, dtype=np.int64)
+    for index, runs in enumerate(closed):
+        if runs:
+            table[index, :, : len(runs)] = np.asarray(runs, dtype=np.int32).T
+        num_closed[index] = len(runs)
+    rows = np.arange(num_padded)
+    chain_of[num_nodes:] = len(closed)  # padding rows see only themselves
+    out = table[chain_of]  # [n, 2, K]
+    out[rows, 0, num_closed[chain_of]] = np.append(np.asarray(open_start, dtype=np.int64)[chain_of[:num_nodes]],
+                                                   rows[num_nodes:])
+    out[rows, 1, num_closed[chain_of]] = rows + 1
+    return out
 
 
 def _lower_triangle(size: int) -> np.ndarray:

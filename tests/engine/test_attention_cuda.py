@@ -13,7 +13,7 @@ import torch
 
 from engine.attention import AttentionMetadata, TreeSpan, tree_attention
 from engine.attention_cuda import build_tree_block_masks, flex_tree_attention
-from engine.packer import padded, tree_mask
+from engine.packer import padded, tree_mask, tree_runs
 from engine.ops import ROW_CHUNK
 
 
@@ -27,14 +27,17 @@ def random_tree(rng: np.random.Generator, num_nodes: int) -> tuple[list[int], li
     return parents, depths
 
 
-def random_spans(seed: int, sizes: list[int]) -> list[TreeSpan]:
+def random_spans(seed: int, sizes: list[int], with_runs: bool = True) -> list[TreeSpan]:
+    """As the packer makes them: with the mask's runs (the CUDA mask reads those), or without
+    (the bit-per-column mask, as for a custom mask_fn)."""
     rng = np.random.default_rng(seed)
     spans, start = [], 0
     for size in sizes:
         parents, depths = random_tree(rng, size)
         num_padded = padded(size, ROW_CHUNK)
         positions = torch.tensor(depths + [0] * (num_padded - size))
-        spans.append(TreeSpan(start, torch.from_numpy(tree_mask(parents, num_padded)), positions))
+        runs = tree_runs(parents, num_padded, max_num_runs=64) if with_runs else None
+        spans.append(TreeSpan(start, torch.from_numpy(tree_mask(parents, num_padded)), positions, runs))
         start += num_padded
     return spans
 
@@ -45,9 +48,10 @@ def qkv(num_tokens: int, device: str = "cpu", dtype=torch.float32, seed: int = 0
     return [torch.randn(shape(h), generator=gen, device=device, dtype=dtype) for h in (4, 2, 2)]
 
 
+@pytest.mark.parametrize("with_runs", [True, False])
 @pytest.mark.parametrize("window", [None, 5])
-def test_flex_mask_matches_per_span_sdpa(window):
-    spans = random_spans(0, [70, 130, 64, 9])
+def test_flex_mask_matches_per_span_sdpa(window, with_runs):
+    spans = random_spans(0, [70, 130, 64, 9], with_runs)
     num_tokens = spans[-1].start + spans[-1].num_tokens
     q, k, v = qkv(num_tokens)
     expected = tree_attention(q, k, v, AttentionMetadata(spans), 0.2, window)
@@ -55,6 +59,25 @@ def test_flex_mask_matches_per_span_sdpa(window):
     got = flex_tree_attention(q, k, v, masks, 0.2, window)
     assert masks.num_padded == 512
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_runs_mask_is_the_bits_mask_and_gives_the_same_bits(window):
+    """The runs mask_mod keeps exactly the keys the bit lookup keeps, on every (row, column)
+    of the padded stream, so the attention is bit-identical."""
+    spans, bit_spans = random_spans(3, [200, 64, 130, 9]), random_spans(3, [200, 64, 130, 9], with_runs=False)
+    runs_masks = build_tree_block_masks(spans, torch.device("cpu"), bucket=256)
+    bits_masks = build_tree_block_masks(bit_spans, torch.device("cpu"), bucket=256)
+    assert runs_masks.run_start is not None and bits_masks.run_start is None
+    rows, cols = torch.meshgrid(torch.arange(runs_masks.num_padded), torch.arange(runs_masks.num_padded), indexing="ij")
+    zero = torch.zeros((), dtype=torch.long)
+    keep_runs = runs_masks._mask_mod(window)(zero, zero, rows, cols)
+    keep_bits = bits_masks._mask_mod(window)(zero, zero, rows, cols)
+    assert torch.equal(keep_runs, keep_bits)
+    assert keep_runs.sum() > runs_masks.num_tokens  # more than the diagonal: a real tree
+    q, k, v = qkv(runs_masks.num_tokens)
+    assert torch.equal(flex_tree_attention(q, k, v, runs_masks, 0.2, window),
+                       flex_tree_attention(q, k, v, bits_masks, 0.2, window))
 
 
 def test_block_classification_is_exact_for_full_blocks():
@@ -100,7 +123,20 @@ def test_gpu_flex_alone_vs_packed_bit_identical(window):
     assert (packed.float().cpu() - expected).abs().max() < 2e-2
     for span in spans:  # each content alone, at row 0 of its own stream
         rows = slice(span.start, span.start + span.num_tokens)
-        alone_span = TreeSpan(0, span.mask, span.positions)
+        alone_span = TreeSpan(0, span.mask, span.positions, span.runs)
         masks = build_tree_block_masks([alone_span], torch.device("cuda"))
         alone = flex_tree_attention(q[rows], k[rows], v[rows], masks, 0.2, window)
         assert torch.equal(alone, packed[rows]), f"span at {span.start} differs alone vs packed"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 40])
+def test_gpu_runs_mask_gives_the_bits_masks_outputs(window):
+    """Compiled on the GPU, the runs mask_mod and the bit lookup give the same bits."""
+    sizes = [500, 90, 1300, 64, 700]
+    spans, bit_spans = random_spans(4, sizes), random_spans(4, sizes, with_runs=False)
+    num_tokens = spans[-1].start + spans[-1].num_tokens
+    q, k, v = qkv(num_tokens, "cuda", torch.bfloat16)
+    with_runs = flex_tree_attention(q, k, v, build_tree_block_masks(spans, torch.device("cuda")), 0.2, window)
+    with_bits = flex_tree_attention(q, k, v, build_tree_block_masks(bit_spans, torch.device("cuda")), 0.2, window)
+    assert torch.equal(with_runs, with_bits)
