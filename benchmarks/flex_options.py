@@ -11,8 +11,8 @@ A variant is only usable if it is bit-identical to the current one on every row 
 its own alone-vs-packed invariance must be shown before adopting it: a new fingerprint).
 
     --variants tma,...   only these (default: all)
-    --probe-mask-cost    also: the bit-per-column mask (spans without runs; bit-checked against
-                         the runs mask), and the same block lists with a mask_mod that keeps every
+    --probe-mask-cost    the variants on the runs mask (attention_cuda.USE_RUNS forced on), and
+                         also: the bit-per-column mask (bit-checked against the runs mask), and the same block lists with a mask_mod that keeps every
                          key of a partial block (wrong outputs: a cost probe only); per window the
                          tile counts, so each row also has TFLOP/s over the tiles the kernel visits
 """
@@ -104,7 +104,7 @@ def main() -> None:
     variants = {name: VARIANTS[name] for name in args.variants.split(",")}
     config = random_models.ARCHS[args.model].config
     spans = first_pass_spans(args.model)
-    masks = attention_cuda.build_tree_block_masks(spans, "cuda")
+    masks = attention_cuda.build_tree_block_masks(spans, "cuda", use_runs=args.probe_mask_cost or None)
     num_tokens = masks.num_tokens
     gen = torch.Generator(device="cuda").manual_seed(0)
     heads, kv_heads, dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
@@ -130,7 +130,7 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
         if args.probe_mask_cost:
-            bits = attention_cuda.build_tree_block_masks([dataclasses.replace(s, runs=None) for s in spans], "cuda")
+            bits = attention_cuda.build_tree_block_masks(spans, "cuda", use_runs=False)
             seconds, out = time_variant(q, k, v, bits, scale, window, variants[next(iter(variants))])
             rows.append({"variant": "bits_mask", "window": window, "ms": seconds * 1e3, **counts,
                          "tile_tflops": tile_tflops(counts, heads, dim, seconds),

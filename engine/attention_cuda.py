@@ -14,7 +14,7 @@ packer.MAX_NUM_RUNS intervals per row, made by packer.tree_runs from the tree):
 loads indexed by the row only. Spans without runs (a custom mask_fn, or a row with more runs)
 make the pass read one bit of the span's mask per (row, column) instead:
     bits[row_base[q] + (kv - span_start[q]) // 32] >> ((kv - span_start[q]) % 32) & 1
-Both give the same mask, so the same outputs bit for bit (+ `pos[q] - pos[kv] < window` on
+(USE_RUNS switches the runs on.) Both give the same mask, so the same outputs bit for bit (+ `pos[q] - pos[kv] < window` on
 sliding layers); the bit gathers cost ~30% of a layer's attention on the H200
 (benchmarks/flex_options.py --probe-mask-cost). The stream is padded to a multiple of
 BUCKET tokens so flex_attention compiles once per bucket, not once per pass. The padding is
@@ -44,6 +44,10 @@ BUCKET = 2048  # the stream is padded to a multiple of this (one compiled kernel
 # layer, 1.36 -> 1.12 ms sliding, outputs bit-identical on the news masks (benchmarks/flex_options.py,
 # results/2026-12-01-flex-options-h200.json); num_stages 3 does not fit in shared memory.
 KERNEL_OPTIONS = {"BLOCK_M": BLOCK_SIZE, "BLOCK_N": BLOCK_SIZE, "num_warps": 4, "num_stages": 2, "USE_TMA": True}
+# The runs mask_mod is exact on CPU (tests/engine/test_attention_cuda.py) but has not yet been
+# compiled on a GPU: off by default until test_gpu_runs_mask_gives_the_bits_masks_outputs and
+# `benchmarks/flex_options.py --probe-mask-cost` have run on the H200.
+USE_RUNS = False
 
 _compiled_flex = None
 
@@ -138,7 +142,10 @@ def prepare_cuda_attention(meta, device: torch.device | str):
     return dataclasses.replace(meta, block_mask=build_tree_block_masks(meta.spans, torch.device(device)))
 
 
-def build_tree_block_masks(spans, device: torch.device | str, bucket: int = BUCKET) -> TreeBlockMasks:
+def build_tree_block_masks(
+    spans, device: torch.device | str, bucket: int = BUCKET, use_runs: bool | None = None
+) -> TreeBlockMasks:
+    """use_runs: read the spans' runs when every span has them (default: USE_RUNS)."""
     device = torch.device(device)
     num_tokens = spans[-1].start + spans[-1].num_tokens
     num_padded = -(-num_tokens // bucket) * bucket
@@ -151,7 +158,7 @@ def build_tree_block_masks(spans, device: torch.device | str, bucket: int = BUCK
     full_blocks = np.zeros((num_blocks, num_blocks), dtype=bool)
     words: list[np.ndarray] = []
     num_words = 0
-    has_runs = all(span.runs is not None for span in spans)
+    has_runs = (USE_RUNS if use_runs is None else use_runs) and all(span.runs is not None for span in spans)
     runs = np.zeros((num_padded, 2, spans[0].runs.shape[-1] if has_runs else 1), dtype=np.int32)
     for span in spans:
         mask = span.mask.numpy() if isinstance(span.mask, torch.Tensor) else span.mask

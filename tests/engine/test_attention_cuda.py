@@ -55,7 +55,8 @@ def test_flex_mask_matches_per_span_sdpa(window, with_runs):
     num_tokens = spans[-1].start + spans[-1].num_tokens
     q, k, v = qkv(num_tokens)
     expected = tree_attention(q, k, v, AttentionMetadata(spans), 0.2, window)
-    masks = build_tree_block_masks(spans, torch.device("cpu"), bucket=256)
+    masks = build_tree_block_masks(spans, torch.device("cpu"), bucket=256, use_runs=with_runs)
+    assert (masks.run_start is not None) == with_runs
     got = flex_tree_attention(q, k, v, masks, 0.2, window)
     assert masks.num_padded == 512
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -66,8 +67,8 @@ def test_runs_mask_is_the_bits_mask_and_gives_the_same_bits(window):
     """The runs mask_mod keeps exactly the keys the bit lookup keeps, on every (row, column)
     of the padded stream, so the attention is bit-identical."""
     spans, bit_spans = random_spans(3, [200, 64, 130, 9]), random_spans(3, [200, 64, 130, 9], with_runs=False)
-    runs_masks = build_tree_block_masks(spans, torch.device("cpu"), bucket=256)
-    bits_masks = build_tree_block_masks(bit_spans, torch.device("cpu"), bucket=256)
+    runs_masks = build_tree_block_masks(spans, torch.device("cpu"), bucket=256, use_runs=True)
+    bits_masks = build_tree_block_masks(bit_spans, torch.device("cpu"), bucket=256, use_runs=True)  # no runs to use
     assert runs_masks.run_start is not None and bits_masks.run_start is None
     rows, cols = torch.meshgrid(torch.arange(runs_masks.num_padded), torch.arange(runs_masks.num_padded), indexing="ij")
     zero = torch.zeros((), dtype=torch.long)
@@ -112,19 +113,20 @@ def test_misaligned_span_is_refused():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("use_runs", [False, True])
 @pytest.mark.parametrize("window", [None, 40])
-def test_gpu_flex_alone_vs_packed_bit_identical(window):
+def test_gpu_flex_alone_vs_packed_bit_identical(window, use_runs):
     sizes = [500, 90, 1300, 64, 700]
     spans = random_spans(3, sizes)
     num_tokens = spans[-1].start + spans[-1].num_tokens
     q, k, v = qkv(num_tokens, "cuda", torch.bfloat16)
-    packed = flex_tree_attention(q, k, v, build_tree_block_masks(spans, torch.device("cuda")), 0.2, window)
+    packed = flex_tree_attention(q, k, v, build_tree_block_masks(spans, torch.device("cuda"), use_runs=use_runs), 0.2, window)
     expected = tree_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), AttentionMetadata(spans), 0.2, window)
     assert (packed.float().cpu() - expected).abs().max() < 2e-2
     for span in spans:  # each content alone, at row 0 of its own stream
         rows = slice(span.start, span.start + span.num_tokens)
         alone_span = TreeSpan(0, span.mask, span.positions, span.runs)
-        masks = build_tree_block_masks([alone_span], torch.device("cuda"))
+        masks = build_tree_block_masks([alone_span], torch.device("cuda"), use_runs=use_runs)
         alone = flex_tree_attention(q[rows], k[rows], v[rows], masks, 0.2, window)
         assert torch.equal(alone, packed[rows]), f"span at {span.start} differs alone vs packed"
 
@@ -137,6 +139,8 @@ def test_gpu_runs_mask_gives_the_bits_masks_outputs(window):
     spans, bit_spans = random_spans(4, sizes), random_spans(4, sizes, with_runs=False)
     num_tokens = spans[-1].start + spans[-1].num_tokens
     q, k, v = qkv(num_tokens, "cuda", torch.bfloat16)
-    with_runs = flex_tree_attention(q, k, v, build_tree_block_masks(spans, torch.device("cuda")), 0.2, window)
+    runs_masks = build_tree_block_masks(spans, torch.device("cuda"), use_runs=True)
+    assert runs_masks.run_start is not None
+    with_runs = flex_tree_attention(q, k, v, runs_masks, 0.2, window)
     with_bits = flex_tree_attention(q, k, v, build_tree_block_masks(bit_spans, torch.device("cuda")), 0.2, window)
     assert torch.equal(with_runs, with_bits)
