@@ -10,7 +10,8 @@
         deferred+frozen  also gc.freeze() after loading, as workers/service.load_engines does
       --> benchmarks/results/<date>-gc-pauses-<family>-<workload>.{json,md}: per mode the median
           round, and the collector's seconds inside batches and after them (deferred work lands
-          after the batch: the total is the honest figure)
+          after the batch: the total is the honest figure); and how many unreachable objects
+          one batch leaves (the cyclic garbage that deferring holds until the batch ends)
 
 Needs .data/benchmarks/<workload>-texts.json (benchmarks/make_<workload>_workload.py).
 """
@@ -106,6 +107,7 @@ def markdown(result: dict) -> str:
         f"commit `{result['commit']}`, {result['date']}, Python {result['python']}, `{result['command']}`.",
         f"{result['num_questions']} questions per batch; per round (median of {result['repeats']}): score_batch, then every"
         " response serialised to JSON. Collector seconds are per round, inside the batch and after it.",
+        f"Unreachable objects a batch leaves (gc.collect() after one): {result['cyclic_garbage_after_a_batch']}.",
         "",
         "| mode | round s | GC s in batch | GC s after | GC s total | collections in batch | after | full collections | tracked objects |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -134,12 +136,16 @@ def main() -> None:
     requests = [ScoringRequest.model_validate(r) for r in workload.requests(engine.model_name, args.num_texts)]
     log = CollectionLog()
     modes = [run_mode(engine, requests, mode, args.repeats, log) for mode in args.modes.split(",")]
+    gc.collect()
+    engine.score_batch(requests)
+    cyclic_garbage = gc.collect()  # unreachable objects a batch left: what deferring can hold back
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
         "commit": commit, "date": datetime.date.today().isoformat(), "python": sys.version.split()[0],
         "command": "python3 benchmarks/gc_pauses.py " + " ".join(sys.argv[1:]), "family": args.family,
         "workload": args.workload, "num_texts": len(requests), "repeats": args.repeats,
         "num_questions": sum(len(r.scoring.queries) for r in requests), "modes": modes,
+        "cyclic_garbage_after_a_batch": cyclic_garbage,
     }
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / f"{result['date']}-gc-pauses-{args.family}-{args.workload}"
