@@ -60,6 +60,7 @@ class CompiledRequest:
     max_num_tokens: int  # the longest whole sequence (for the model's context limit)
     floor_keys: list[FloorKey] = field(default_factory=list)  # distinct, in first-use order
     packs: list = field(default_factory=list)  # the named packs (spinf_jobs Pack), whose queries `request` holds
+    tree: object | None = None  # tree.TokenTree of `branches` once built (Engine.count_tokens), reused to pack
 
 
 def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize) -> CompiledRequest:

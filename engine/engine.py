@@ -150,7 +150,8 @@ class Engine:
         self._counted[id(request)] = (request, compiled)
         if isinstance(compiled, RequestError):
             return 0
-        return build_tree(compiled.branches).num_tokens
+        compiled.tree = build_tree(compiled.branches)  # packed as is by that call: built once
+        return compiled.tree.num_tokens
 
     def score_batch(self, requests: list[ScoringRequest]) -> BatchOutput:
         with cyclic_gc_deferred():
@@ -227,7 +228,7 @@ class Engine:
         for index, request in enumerate(compiled):
             if isinstance(request, RequestError):
                 continue
-            for tree in split_tree(request.branches, budget):  # the tree is built once here
+            for tree in split_tree(request.branches, budget, request.tree):  # built here or by count_tokens
                 yield _TreeOwner(index), tree
 
 

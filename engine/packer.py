@@ -59,10 +59,11 @@ def padded(num: int, multiple: int) -> int:
     return -(-num // multiple) * multiple
 
 
-def split_tree(branches: list[Branch], max_num_tokens: int) -> list[TokenTree]:
+def split_tree(branches: list[Branch], max_num_tokens: int, whole: TokenTree | None = None) -> list[TokenTree]:
     """The branches' tree, or, when it is over the budget, trees of groups of branches that
-    each fit (a group holds at least one branch; each re-reads the trunk)."""
-    whole = build_tree(branches)
+    each fit (a group holds at least one branch; each re-reads the trunk). `whole`: the
+    branches' tree if already built."""
+    whole = whole or build_tree(branches)
     if padded(whole.num_tokens, ROW_CHUNK) <= max_num_tokens:
         return [whole]
     groups: list[list[Branch]] = [[]]

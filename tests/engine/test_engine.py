@@ -208,3 +208,29 @@ def test_collector_restored_when_a_batch_raises(tiny_engine, monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         engine.score_batch([])
     assert gc.isenabled()
+
+
+def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, monkeypatch):
+    """A worker counts each request's tokens, then scores the batch: the tree is built once,
+    and the scores are those of scoring without counting."""
+    import engine.engine as engine_module
+    import engine.packer as packer_module
+
+    engine = tiny_engine("qwen2")
+    requests = load_cases(has_chat_template=True)[:3]
+    expected = [_strip_usage(r) for r in engine.score_batch(requests).results]
+    builds = []
+
+    def counting(build):
+        def build_tree(branches):
+            builds.append(len(branches))
+            return build(branches)
+        return build_tree
+
+    monkeypatch.setattr(engine_module, "build_tree", counting(engine_module.build_tree))
+    monkeypatch.setattr(packer_module, "build_tree", counting(packer_module.build_tree))
+    counts = [engine.count_tokens(r) for r in requests]
+    assert len(builds) == 3 and all(counts)
+    got = engine.score_batch(requests)
+    assert len(builds) == 3  # none more: the floors are cached (the first call), the trees counted
+    assert [_strip_usage(r) for r in got.results] == expected
