@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -153,18 +153,24 @@ class Engine:
         compiled.tree = build_tree(compiled.branches)  # packed as is by that call: built once
         return compiled.tree.num_tokens
 
-    def score_batch(self, requests: list[ScoringRequest]) -> BatchOutput:
+    def score_batch(
+        self, requests: list[ScoringRequest], while_waiting: Callable[[], bool] | None = None
+    ) -> BatchOutput:
+        """One response per request, in order. `while_waiting`: a short piece of host work
+        (e.g. a worker compiling its next jobs) run while a pass is on the GPU, again while it
+        returns True and the pass is not done; it must not call this engine's score_batch.
+        Not called on CPU."""
         with cyclic_gc_deferred():
-            return self._score_batch(requests)
+            return self._score_batch(requests, while_waiting)
 
-    def _score_batch(self, requests: list[ScoringRequest]) -> BatchOutput:
+    def _score_batch(self, requests: list[ScoringRequest], while_waiting=None) -> BatchOutput:
         compiled = [self._compiled(request) for request in requests]
         self._counted.clear()
         builder = ResponseBuilder(self, compiled)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), self.mask_fn)
         batches = pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn,
                              first_max_num_tokens=self.first_pass_tokens)
-        for batch, output in self.runner.run_all(batches):
+        for batch, output in self.runner.run_all(batches, while_waiting):
             builder.collect(batch, output)
             extraction.collect(batch, output)
         extraction.run(self.runner, self.config.max_num_batched_tokens)

@@ -15,7 +15,7 @@ of their prompts (kept for decoding); `decode` runs a decoding pass over that K/
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -40,8 +40,12 @@ class _Launched:
     output: RunnerOutput  # host tensors that fill in when `done` fires
     done: object | None  # a CUDA event recorded after the copies (None on CPU)
 
-    def wait(self) -> RunnerOutput:
+    def wait(self, while_waiting: Callable[[], bool] | None = None) -> RunnerOutput:
+        """The pass's outputs. Until the pass is done, `while_waiting()` (a short piece of host
+        work that overlaps the GPU) runs again and again while it returns True."""
         if self.done is not None:
+            while while_waiting is not None and not self.done.query() and while_waiting():
+                pass
             self.done.synchronize()
         return self.output
 
@@ -68,17 +72,21 @@ class ModelRunner:
         self.device = device
         self.num_passes = 0
 
-    def run_all(self, batches: Iterable[PackedBatch]) -> Iterator[tuple[PackedBatch, RunnerOutput]]:
+    def run_all(
+        self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[PackedBatch, RunnerOutput]]:
         """The passes in order. The next batch is packed on the CPU (the iterator's work) while
-        the GPU runs the pass in flight; a pass's outputs are read once the next is launched."""
+        the GPU runs the pass in flight; a pass's outputs are read once the next is launched.
+        `while_waiting`: host work for the waits (see _Launched.wait); CUDA only (on CPU a pass
+        is done when launched). Every wait but the last has the next pass queued behind it."""
         in_flight: tuple[PackedBatch, _Launched] | None = None
         for batch in batches:
             launched = (batch, self.launch(batch))
             if in_flight is not None:
-                yield in_flight[0], in_flight[1].wait()
+                yield in_flight[0], in_flight[1].wait(while_waiting)
             in_flight = launched
         if in_flight is not None:
-            yield in_flight[0], in_flight[1].wait()
+            yield in_flight[0], in_flight[1].wait(while_waiting)
 
     def run(self, batch: PackedBatch) -> RunnerOutput:
         return self.launch(batch).wait()

@@ -179,3 +179,29 @@ def service_engine_factory(service_model_dir):
 @pytest.fixture(scope="session")
 def service_engine(service_engine_factory):
     return service_engine_factory(4096)
+
+
+class _PassInFlight:
+    """A CUDA event stand-in on CPU: the pass reads as running for `busy` queries."""
+
+    def __init__(self, busy: int):
+        self.busy = busy
+
+    def query(self) -> bool:
+        self.busy -= 1
+        return self.busy < 0
+
+    def synchronize(self) -> None:
+        self.busy = -1
+
+
+@pytest.fixture
+def passes_in_flight(monkeypatch):
+    """passes_in_flight(busy): on CPU, each pass then reads as still running for `busy` event
+    queries, as a CUDA pass does, so host work meant for the GPU waits runs."""
+    import engine.runner as runner_module
+
+    def make(busy: int) -> None:
+        monkeypatch.setattr(runner_module, "_record_event", lambda device: _PassInFlight(busy))
+
+    return make

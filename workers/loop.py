@@ -4,6 +4,11 @@
     blocking until the pass budget (max_num_batched_tokens) is full -> one engine.score_batch
     for every row taken -> settle each chunk -> complete each RQ job (success or failure)
 
+While a batch's passes are on the GPU, the waits between them gather the next batch a step
+at a time (hold and load a job, count one row: its tokenization and tree), never blocking;
+the next step scores what they gathered, after finishing it. On CPU nothing waits, and the
+next batch is gathered after this one, as without the look-ahead.
+
 RQ's own workers run one job at a time (and `Worker` forks), so this subclasses
 `SimpleWorker` for its bookkeeping (birth/death, heartbeats, success/failure handling) and
 replaces the loop. Every job held is in the StartedJobRegistry under an Execution whose
@@ -20,6 +25,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import orjson
@@ -77,6 +83,7 @@ class GreedyWorker(SimpleWorker):
         self._held_lock = threading.Lock()
         self._stop = threading.Event()
         self._last_maintenance = 0.0
+        self._ahead: tuple[Iterator[None], list] | None = None  # the next batch, begun during GPU waits
 
     @staticmethod
     def _queue(connection: Redis, name: str) -> Queue:
@@ -99,6 +106,8 @@ class GreedyWorker(SimpleWorker):
                     break
         finally:
             self._stop.set()
+            if (ahead := self._gathered_ahead()) is not None:
+                self._run(*ahead)  # held jobs are scored, not left to expire
             beat.join(timeout=5)
             self.unpublish()
             self.register_death()
@@ -151,18 +160,76 @@ class GreedyWorker(SimpleWorker):
     # ---- one greedy step ----------------------------------------------------------------
 
     def drain_once(self, block_s: float = 1.0) -> bool:
-        """Wait for one job, take more greedily, score them together. False when idle."""
+        """Score one greedy batch: the one gathered during the last batch's GPU waits, else
+        wait for a job and take more. False when idle."""
+        batch = self._gathered_ahead() or self._gather(block_s)
+        if batch is None:
+            return False
+        self._run(*batch)
+        return True
+
+    def _gather(self, block_s: float) -> tuple[str, list[HeldJob]] | None:
         first = self._wait_for_job(block_s)
         if first is None:
-            return False
-        model = self.model_of_queue[first[1].name]
-        held = [self._hold(*first, model)]
-        budget = self.engines[model].config.max_num_batched_tokens
+            return None
+        gathered: list = []
+        for _ in self._gather_steps(gathered, first):
+            pass
+        return gathered[0]
+
+    def _gather_steps(self, gathered: list, first: tuple[Job, Queue] | None = None) -> Iterator[None]:
+        """A batch, a step at a time, never blocking: the first job (`first`, else the first
+        queued, sync queues first), then more of its model's jobs until the pass budget is full.
+        A step holds and loads one job, or counts one row; `gathered` gets (model, held) with
+        the first job, and `held` grows as jobs are held."""
+        taken = first or self._pop(self.queues)
+        if taken is None:
+            return
+        model = self.model_of_queue[taken[1].name]
+        engine, held = self.engines[model], []
+        gathered.append((model, held))
         model_queues = [q for q in self.queues if self.model_of_queue[q.name] == model]
-        while sum(h.num_tokens for h in held) < budget and (more := self._pop(model_queues)) is not None:
-            held.append(self._hold(*more, model))
-        self._run(model, held)
-        return True
+        while taken is not None:
+            item = self._hold(*taken)
+            held.append(item)
+            yield
+            for slot in item.work.rows if item.work is not None else ():
+                if slot.request is not None:
+                    item.num_tokens += _count(engine, slot.request)
+                    yield
+            if sum(h.num_tokens for h in held) >= engine.config.max_num_batched_tokens:
+                return
+            taken = self._pop(model_queues)
+
+    def _gathered_ahead(self) -> tuple[str, list[HeldJob]] | None:
+        """The batch begun during the last batch's GPU waits, finished now (None if none)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        steps, gathered = ahead
+        for _ in steps:
+            pass
+        return gathered[0] if gathered else None
+
+    def _look_ahead(self) -> Callable[[], bool] | None:
+        """Begin the next batch; the returned step runs in the engine's GPU waits."""
+        if self._stop.is_set():
+            return None
+        gathered: list = []
+        steps = self._gather_steps(gathered)
+        self._ahead = (steps, gathered)
+
+        def step() -> bool:
+            try:
+                next(steps)
+            except StopIteration:
+                return False
+            except Exception:  # noqa: BLE001 - ends the look-ahead only; what it holds is scored next
+                log.exception("gathering the next batch during a pass failed")
+                return False
+            return not self._stop.is_set()
+
+        return step
 
     def _wait_for_job(self, block_s: float) -> tuple[Job, Queue] | None:
         """Block (server-side, on the first sync queue) until any queue has a job."""
@@ -196,7 +263,7 @@ class GreedyWorker(SimpleWorker):
             self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
             return None
 
-    def _hold(self, job: Job, queue: Queue, model: str) -> HeldJob:
+    def _hold(self, job: Job, queue: Queue) -> HeldJob:
         """Register the job as ours (started registry + execution), then load its rows."""
         with self.connection.pipeline() as pipe:
             execution = Execution.create(job, self.settings.heartbeat_ttl_s, pipeline=pipe, worker_name=self.name)
@@ -207,10 +274,11 @@ class GreedyWorker(SimpleWorker):
         with self._held_lock:
             self._held.append(item)
         if job.func_name == queues.CHUNK_FUNC:
-            self._load(item, model)
+            self._load(item)
         return item
 
-    def _load(self, item: HeldJob, model: str) -> None:
+    def _load(self, item: HeldJob) -> None:
+        """The chunk's rows (tokens are counted by _gather_steps, a row a step)."""
         try:
             payload = ChunkPayload.model_validate(item.job.kwargs["payload"])
             item.work = tasks.load_chunk(self.connection, self.s3, payload)
@@ -218,14 +286,11 @@ class GreedyWorker(SimpleWorker):
             item.work = None
             item.num_tokens = 0
             item.job.meta["load_error"] = traceback.format_exc()
-            return
-        engine = self.engines[model]
-        item.num_tokens = sum(_count(engine, slot.request) for slot in item.work.rows if slot.request is not None)
 
     def _run(self, model: str, held: list[HeldJob]) -> None:
         chunks = [h for h in held if h.work is not None]
         rows = [slot for h in chunks if not h.work.is_cancelled for slot in h.work.rows]
-        tasks.score_rows(self.engines[model], rows)
+        tasks.score_rows(self.engines[model], rows, self._look_ahead())
         self._record_stats(model, rows, sum(h.num_tokens for h in chunks))
         for item in held:
             self._complete(item)

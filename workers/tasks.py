@@ -79,13 +79,14 @@ def _request_or_error(slot: RowSlot, item, payload: ChunkPayload) -> ScoringRequ
         return None
 
 
-def score_rows(engine, rows: list[RowSlot]) -> None:
-    """Score every row that has a request, in one `score_batch` call when nothing raises."""
+def score_rows(engine, rows: list[RowSlot], while_waiting=None) -> None:
+    """Score every row that has a request, in one `score_batch` call when nothing raises.
+    `while_waiting`: host work for the GPU waits of that call (Engine.score_batch)."""
     todo = [slot for slot in rows if slot.request is not None]
     if not todo:
         return
     try:
-        output = engine.score_batch([slot.request for slot in todo])
+        output = engine.score_batch([slot.request for slot in todo], while_waiting)
     except Exception:  # noqa: BLE001 - isolate the row that raises, keep the others
         for slot in todo:
             _score_alone(engine, slot)

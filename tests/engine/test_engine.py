@@ -158,10 +158,10 @@ def _collections_inside_batch(engine, requests, monkeypatch) -> int:
     state = {"inside": False, "count": 0}
     score = engine._score_batch
 
-    def marked(batch):
+    def marked(batch, *rest):
         state["inside"] = True
         try:
-            return score(batch)
+            return score(batch, *rest)
         finally:
             state["inside"] = False
 
@@ -200,7 +200,7 @@ def test_collector_restored_when_a_batch_raises(tiny_engine, monkeypatch):
 
     engine = tiny_engine("qwen2")
 
-    def broken(requests):
+    def broken(requests, *rest):
         assert not gc.isenabled()
         raise RuntimeError("boom")
 
@@ -234,3 +234,19 @@ def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, m
     got = engine.score_batch(requests)
     assert len(builds) == 3  # none more: the floors are cached (the first call), the trees counted
     assert [_strip_usage(r) for r in got.results] == expected
+
+
+
+def test_host_work_runs_while_a_pass_is_in_flight_and_changes_nothing(tiny_engine, passes_in_flight):
+    engine = tiny_engine("qwen2", max_num_batched_tokens=1024)  # several passes
+    requests = load_cases(has_chat_template=True)[:6]
+    expected = [_strip_usage(r) for r in engine.score_batch(requests).results]
+    passes_in_flight(busy=3)
+    calls = []
+    got = engine.score_batch(requests, while_waiting=lambda: calls.append(1) or True)
+    assert [_strip_usage(r) for r in got.results] == expected
+    num_passes = len({p for ids in got.pass_ids for p in ids})
+    assert num_passes >= 2 and len(calls) == 3 * num_passes  # until each pass is done
+    calls.clear()
+    engine.score_batch(requests, while_waiting=lambda: calls.append(1) or False)
+    assert len(calls) == num_passes  # a step that says "no more" is not run again in that wait

@@ -71,7 +71,7 @@ def test_jobs_held_by_a_worker_are_in_the_started_registry(make_settings, servic
     queue = Queue(pair.batch, connection=r, serializer=queues.JsonSerializer)
     job, _ = worker._pop([queue])
     assert r.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]  # popped, not yet registered
-    held = worker._hold(job, queue, service_engine.model_name)
+    held = worker._hold(job, queue)
     assert r.llen(queue.intermediate_queue_key) == 0
     registry = StartedJobRegistry(pair.batch, connection=r)
     assert job.id in registry.get_job_ids()
@@ -118,7 +118,7 @@ def test_a_chunk_rq_gives_up_on_still_settles_with_error_rows(make_settings, ser
     job_id = _submit(r, settings, service_engine.model_name, 3, "lost")
     dead = make_worker(settings, service_engine, name="dies-holding-it")
     queue = dead.queues[1]
-    dead._hold(*dead._pop([queue]), service_engine.model_name)  # held, then never heartbeats again
+    dead._hold(*dead._pop([queue]))  # held, then never heartbeats again
     time.sleep(2.5)
     survivor = make_worker(settings, service_engine, name="survivor")
     survivor.maintain_if_due()  # registry cleanup: no retries left -> failure callback -> error rows
@@ -127,3 +127,55 @@ def test_a_chunk_rq_gives_up_on_still_settles_with_error_rows(make_settings, ser
     rows = _rows(r, job_id)
     assert [row["custom_id"] for row in rows] == ["lost0", "lost1", "lost2"]
     assert all("not scored" in row["error"]["message"] for row in rows)
+
+
+def test_the_next_batch_is_gathered_during_the_passes(make_settings, service_engine, service_engine_factory,
+                                                      passes_in_flight):
+    """While a batch's passes run, the worker holds and counts the next batch's jobs; the next
+    step scores them; nothing is lost and no score moves."""
+    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "n")[0]["text"]}], scoring=SPEC)
+    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a step
+    settings = make_settings(chunk_num_rows=1)
+    r = redis.Redis.from_url(settings.redis_url)
+    job_ids = [_submit(r, settings, engine.model_name, 1, f"n{i}-") for i in range(3)]
+    queue = Queue(queues.queue_pair(engine.model_name).batch, connection=r)
+    started = StartedJobRegistry(queues.queue_pair(engine.model_name).batch, connection=r)
+    worker = make_worker(settings, engine)
+    passes_in_flight(busy=100)
+    assert worker.drain_once(block_s=1)
+    assert jobstore.load_view(r, job_ids[0]).status == JobStatus.SUCCEEDED
+    assert queue.count == 1  # the second job was taken during the first batch's pass ...
+    assert chunk_rq_id(job_ids[1], 0) in started.get_job_ids()  # ... and is held (heartbeats cover it)
+    assert jobstore.load_view(r, job_ids[1]).progress.done == 0
+    assert worker.drain_once(block_s=1)  # scores the held job, gathers the third meanwhile
+    assert jobstore.load_view(r, job_ids[1]).status == JobStatus.SUCCEEDED and queue.count == 0
+    drain_until_settled(worker, job_ids)
+    for index, job_id in enumerate(job_ids):
+        [result] = _rows(r, job_id)
+        alone = engine.score_batch([ScoringRequest(messages=[{"role": "user", "content": texts(1, f"n{index}-")[0]["text"]}],
+                                                   scoring=SPEC)]).results[0]
+        assert result["response"]["results"] == alone.model_dump(mode="json", exclude_none=True)["results"]
+
+
+def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_engine, service_engine_factory,
+                                                         passes_in_flight, monkeypatch):
+    from workers import tasks
+
+    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "s")[0]["text"]}], scoring=SPEC)
+    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a step
+    settings = make_settings(chunk_num_rows=1)
+    r = redis.Redis.from_url(settings.redis_url)
+    job_ids = [_submit(r, settings, engine.model_name, 1, f"s{i}-") for i in range(2)]
+    worker = make_worker(settings, engine)
+    passes_in_flight(busy=100)
+    score_rows, scored = tasks.score_rows, []
+
+    def score_then_stop(engine, rows, while_waiting=None):
+        score_rows(engine, rows, while_waiting)
+        scored.append([slot.custom_id for slot in rows])
+        worker.stop()  # asked to stop during the first batch, with the second job held
+
+    monkeypatch.setattr(tasks, "score_rows", score_then_stop)
+    worker.run()
+    assert scored == [["s0-0"], ["s1-0"]]  # the held job was scored on the way out
+    assert all(jobstore.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
