@@ -26,7 +26,7 @@ class TreeSpan:
     start: int  # first row in the packed stream (a multiple of ROW_CHUNK)
     mask: torch.Tensor  # [n, n] bool: row may attend to column (ancestor or self); pads see themselves
     positions: torch.Tensor  # [n] depth of each token in its tree (pads: 0)
-    runs: object | None = None  # [n, 2, K] int32 numpy (packer.tree_runs): the mask as intervals, or None
+    parents: list[int] | None = None  # the tree's parents when `mask` is packer.tree_mask's (None: another mask)
 
     @property
     def num_tokens(self) -> int:

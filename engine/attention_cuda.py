@@ -9,7 +9,7 @@ Blocks are BLOCK_SIZE = ROW_CHUNK = 64 tokens, and the packer starts every tree 
 of 64, so a content's tiles (which are empty, partial or full, and in what order they are
 visited) are the same wherever it sits: its attention is bit-identical alone or packed.
 Inside a partial block the mask_mod tests kv against q's runs of visible columns (at most
-packer.MAX_NUM_RUNS intervals per row, made by packer.tree_runs from the tree):
+packer.MAX_NUM_RUNS intervals per row, made by packer.tree_runs from the span's tree):
     any_k(run_start[q, k] <= kv < run_end[q, k])
 loads indexed by the row only. Spans without runs (a custom mask_fn, or a row with more runs)
 make the pass read one bit of the span's mask per (row, column) instead:
@@ -35,6 +35,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from engine.ops import ROW_CHUNK, to_device
+from engine.packer import MAX_NUM_RUNS, tree_runs
 
 BLOCK_SIZE = ROW_CHUNK  # flex tile = packer alignment: the batch-invariance argument above
 BUCKET = 2048  # the stream is padded to a multiple of this (one compiled kernel per bucket)
@@ -158,9 +159,10 @@ def build_tree_block_masks(
     full_blocks = np.zeros((num_blocks, num_blocks), dtype=bool)
     words: list[np.ndarray] = []
     num_words = 0
-    has_runs = (USE_RUNS if use_runs is None else use_runs) and all(span.runs is not None for span in spans)
-    runs = np.zeros((num_padded, 2, spans[0].runs.shape[-1] if has_runs else 1), dtype=np.int32)
-    for span in spans:
+    span_runs = _span_runs(spans) if (USE_RUNS if use_runs is None else use_runs) else None
+    has_runs = span_runs is not None
+    runs = np.zeros((num_padded, 2, MAX_NUM_RUNS if has_runs else 1), dtype=np.int32)
+    for index, span in enumerate(spans):
         mask = span.mask.numpy() if isinstance(span.mask, torch.Tensor) else span.mask
         n, start = mask.shape[0], span.start
         if n % BLOCK_SIZE or start % BLOCK_SIZE:
@@ -177,7 +179,7 @@ def build_tree_block_masks(
         words.append(span_bits.reshape(-1))
         num_words += span_bits.size
         if has_runs:
-            runs[rows] = span.runs + start  # absolute columns; an empty run stays empty
+            runs[rows] = span_runs[index] + start  # absolute columns; an empty run stays empty
     block_pos = positions.reshape(num_blocks, BLOCK_SIZE)
     # Capacity depends only on the bucket, so the compiled kernel's input shapes repeat.
     # Words past num_words are never read (the mask_mod reads only inside q's span): empty, not zeros.
@@ -196,6 +198,17 @@ def build_tree_block_masks(
         run_start=to_dev(np.ascontiguousarray(runs[:, 0])) if has_runs else None,
         run_end=to_dev(np.ascontiguousarray(runs[:, 1])) if has_runs else None,
     )
+
+
+def _span_runs(spans) -> list[np.ndarray] | None:
+    """Each span's rows as runs (packer.tree_runs), or None when a span has no tree (a custom
+    mask) or a row has more than MAX_NUM_RUNS runs: then the pass reads mask bits."""
+    runs = []
+    for span in spans:
+        if span.parents is None or (span_runs := tree_runs(span.parents, span.num_tokens)) is None:
+            return None
+        runs.append(span_runs)
+    return runs
 
 
 def flex_tree_attention(

@@ -27,7 +27,7 @@ from engine.tree import TokenTree, build_tree
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 PAD_TOKEN_ID = 0
-MAX_NUM_RUNS = 8  # a row's visible columns as at most this many intervals (news: at most 5)
+MAX_NUM_RUNS = 16  # a row's visible columns as at most this many intervals (news: at most 5)
 
 
 @dataclass(slots=True)
@@ -130,7 +130,7 @@ def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None) -> Packed
                 start=start,
                 mask=torch.from_numpy(mask_fn(tree.parents, num_padded)),
                 positions=torch.tensor(positions[start:], dtype=torch.long),
-                runs=tree_runs(tree.parents, num_padded) if mask_fn is tree_mask else None,
+                parents=tree.parents if mask_fn is tree_mask else None,  # the CUDA mask may read its runs
             )
         )
         trees.append(PackedTree(owner, tree, start, score_start, slot_start))

@@ -13,7 +13,7 @@ import torch
 
 from engine.attention import AttentionMetadata, TreeSpan, tree_attention
 from engine.attention_cuda import build_tree_block_masks, flex_tree_attention
-from engine.packer import padded, tree_mask, tree_runs
+from engine.packer import padded, tree_mask
 from engine.ops import ROW_CHUNK
 
 
@@ -28,7 +28,7 @@ def random_tree(rng: np.random.Generator, num_nodes: int) -> tuple[list[int], li
 
 
 def random_spans(seed: int, sizes: list[int], with_runs: bool = True) -> list[TreeSpan]:
-    """As the packer makes them: with the mask's runs (the CUDA mask reads those), or without
+    """As the packer makes them: with the tree (the CUDA mask may read its runs), or without
     (the bit-per-column mask, as for a custom mask_fn)."""
     rng = np.random.default_rng(seed)
     spans, start = [], 0
@@ -36,8 +36,8 @@ def random_spans(seed: int, sizes: list[int], with_runs: bool = True) -> list[Tr
         parents, depths = random_tree(rng, size)
         num_padded = padded(size, ROW_CHUNK)
         positions = torch.tensor(depths + [0] * (num_padded - size))
-        runs = tree_runs(parents, num_padded, max_num_runs=64) if with_runs else None
-        spans.append(TreeSpan(start, torch.from_numpy(tree_mask(parents, num_padded)), positions, runs))
+        spans.append(TreeSpan(start, torch.from_numpy(tree_mask(parents, num_padded)), positions,
+                              parents if with_runs else None))
         start += num_padded
     return spans
 
@@ -125,7 +125,7 @@ def test_gpu_flex_alone_vs_packed_bit_identical(window, use_runs):
     assert (packed.float().cpu() - expected).abs().max() < 2e-2
     for span in spans:  # each content alone, at row 0 of its own stream
         rows = slice(span.start, span.start + span.num_tokens)
-        alone_span = TreeSpan(0, span.mask, span.positions, span.runs)
+        alone_span = TreeSpan(0, span.mask, span.positions, span.parents)
         masks = build_tree_block_masks([alone_span], torch.device("cuda"), use_runs=use_runs)
         alone = flex_tree_attention(q[rows], k[rows], v[rows], masks, 0.2, window)
         assert torch.equal(alone, packed[rows]), f"span at {span.start} differs alone vs packed"

@@ -48,7 +48,7 @@ def test_tree_runs_give_up_past_the_limit():
     assert tree_runs(parents[: 2 * MAX_NUM_RUNS - 1], num_padded) is not None  # exactly the limit fits
 
 
-def test_packed_spans_carry_runs_only_for_the_tree_mask():
+def test_packed_spans_carry_their_tree_only_for_the_tree_mask():
     trunk = list(range(1, 40))
     branches = [  # five questions on one trunk, two options each
         Branch(query_index=i, combination_index=0, values={}, prompt_text="", floor_key=None,
@@ -58,6 +58,6 @@ def test_packed_spans_carry_runs_only_for_the_tree_mask():
     tree = build_tree(branches)
     [batch] = pack_trees([(0, tree)], 4096)
     [span] = batch.attention.spans
-    assert np.array_equal(mask_of_runs(span.runs), span.mask.numpy())
+    assert np.array_equal(mask_of_runs(tree_runs(span.parents, span.num_tokens)), span.mask.numpy())
     [leaky] = pack_trees([(0, tree)], 4096, mask_fn=leaky_tree_mask)
-    assert leaky.attention.spans[0].runs is None  # a custom mask is read bit by bit
+    assert leaky.attention.spans[0].parents is None  # a custom mask is read bit by bit
