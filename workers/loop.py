@@ -193,23 +193,31 @@ class GreedyWorker(SimpleWorker):
             item = self._hold(*taken)
             held.append(item)
             yield
-            for slot in item.work.rows if item.work is not None else ():
-                if slot.request is not None:
-                    item.num_tokens += _count(engine, slot.request)
-                    yield
+            for slot in _requests(item):
+                item.num_tokens += _count(engine, slot.request)
+                yield
             if sum(h.num_tokens for h in held) >= engine.config.max_num_batched_tokens:
                 return
             taken = self._pop(model_queues)
 
     def _gathered_ahead(self) -> tuple[str, list[HeldJob]] | None:
-        """The batch begun during the last batch's GPU waits, finished now (None if none)."""
+        """The batch begun during the last batch's GPU waits, finished now (None if none),
+        with the sync jobs of its model that came after it was full: a sync call waits for
+        the batch in hand, as without the look-ahead, never for one more."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
         steps, gathered = ahead
         for _ in steps:
             pass
-        return gathered[0] if gathered else None
+        if not gathered:
+            return None
+        model, held = gathered[0]
+        sync_queues = [q for q in self.queues if q.name == queues.queue_pair(model).sync]
+        while (taken := self._pop(sync_queues)) is not None:
+            held.append(item := self._hold(*taken))
+            item.num_tokens = sum(_count(self.engines[model], slot.request) for slot in _requests(item))
+        return model, held
 
     def _look_ahead(self) -> Callable[[], bool] | None:
         """Begin the next batch; the returned step runs in the engine's GPU waits."""
@@ -342,6 +350,11 @@ def _clean_registries(queue: Queue) -> None:
     StartedJobRegistry(**args).cleanup()
     FinishedJobRegistry(**args).cleanup()
     FailedJobRegistry(**args).cleanup()
+
+
+def _requests(item: HeldJob) -> list:
+    """The held chunk's rows that carry a request (none for a plan step or a failed load)."""
+    return [slot for slot in item.work.rows if slot.request is not None] if item.work is not None else []
 
 
 def _count(engine, request) -> int:

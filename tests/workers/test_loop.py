@@ -179,3 +179,21 @@ def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_
     worker.run()
     assert scored == [["s0-0"], ["s1-0"]]  # the held job was scored on the way out
     assert all(jobstore.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
+
+
+def test_a_sync_call_is_not_pushed_back_by_the_look_ahead(make_settings, service_engine, service_engine_factory,
+                                                          passes_in_flight):
+    """A sync job that arrives after the look-ahead filled the next batch still rides in it."""
+    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "q")[0]["text"]}], scoring=SPEC)
+    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a step
+    settings = make_settings(chunk_num_rows=1)
+    r = redis.Redis.from_url(settings.redis_url)
+    batch_jobs = [_submit(r, settings, engine.model_name, 1, f"q{i}-") for i in range(3)]
+    worker = make_worker(settings, engine)
+    passes_in_flight(busy=100)
+    worker.drain_once(block_s=1)  # scores q0; the look-ahead holds q1 (the budget is full)
+    sync_job = _submit(r, settings, engine.model_name, 1, "late", is_sync=True)
+    worker.drain_once(block_s=1)
+    assert jobstore.load_view(r, sync_job).status == JobStatus.SUCCEEDED
+    assert jobstore.load_view(r, batch_jobs[1]).status == JobStatus.SUCCEEDED
+    assert jobstore.load_view(r, batch_jobs[2]).progress.done == 0
