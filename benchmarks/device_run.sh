@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (through the device tool): install the carried wheels, then run
-# the stages named in $@ (tests, kernels, throughput:<model>:<workload>[:extra args], parity:<model>).
+# the stages named in $@ (tests, kernels, flex, gatedact, throughput:<model>:<workload>[:extra args],
+# parity:<model>).
 # Logs and results go to $OUT (the tool brings them back). See docs/performance.md.
 # STAGE_TIMEOUT (seconds, default 3000) bounds each stage, so a stage that runs long still ends
 # before the call's limit and the stages' files come back; PROFILE=0 skips the per-op profiles.
@@ -18,6 +19,8 @@ for stage in "$@"; do
   case $kind in
     tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/kernels tests/engine/test_attention_cuda.py tests/engine/test_gpu_parity.py tests/engine/test_gpu_slots.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     kernels) python3 benchmarks/kernel_bench.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernel_bench.log" | tail -50 ;;
+    flex) python3 benchmarks/flex_options.py --variants tma --probe-mask-cost --out "$OUT/flex-$num.json" 2>&1 | grep -v Warning | tail -20 ;;
+    gatedact) python3 benchmarks/gated_act_options.py --out "$OUT/gated-act-$num.json" 2>&1 | grep -v Warning | tail -20 ;;
     throughput) profile=(); [ "${PROFILE:-1}" = 0 ] || profile=(--profile "$OUT/profile-$workload-$model-$num.txt")
       TORCH_LOGS=recompiles timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" "${profile[@]}" $extra 2>&1 | tee "$OUT/throughput-$workload-$model-$num.log" | grep -v Warning | tail -40 ;;
     parity) python3 benchmarks/gpu_parity.py --model "$model" --layer-std 0.5 --logit-std 4 1 $extra --out "$OUT/parity-$model$workload.json" 2>&1 | tee "$OUT/parity-$model.log" | tail -20 ;;
