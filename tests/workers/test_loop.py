@@ -129,19 +129,26 @@ def test_a_chunk_rq_gives_up_on_still_settles_with_error_rows(make_settings, ser
     assert all("not scored" in row["error"]["message"] for row in rows)
 
 
+def _one_row_per_step(make_settings, service_engine, service_engine_factory, passes_in_flight, prefix, num_jobs):
+    """An engine whose budget one row fills, `num_jobs` one-row jobs queued, a worker whose
+    passes read as in flight (so it gathers ahead): (engine, redis, job ids, worker)."""
+    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, prefix)[0]["text"]}], scoring=SPEC)
+    engine = service_engine_factory(service_engine.count_tokens(row))
+    settings = make_settings(chunk_num_rows=1)
+    r = redis.Redis.from_url(settings.redis_url)
+    job_ids = [_submit(r, settings, engine.model_name, 1, f"{prefix}{i}-") for i in range(num_jobs)]
+    passes_in_flight(busy=100)
+    return engine, r, job_ids, make_worker(settings, engine)
+
+
 def test_the_next_batch_is_gathered_during_the_passes(make_settings, service_engine, service_engine_factory,
                                                       passes_in_flight):
     """While a batch's passes run, the worker holds and counts the next batch's jobs; the next
     step scores them; nothing is lost and no score moves."""
-    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "n")[0]["text"]}], scoring=SPEC)
-    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a step
-    settings = make_settings(chunk_num_rows=1)
-    r = redis.Redis.from_url(settings.redis_url)
-    job_ids = [_submit(r, settings, engine.model_name, 1, f"n{i}-") for i in range(3)]
+    engine, r, job_ids, worker = _one_row_per_step(make_settings, service_engine, service_engine_factory,
+                                                   passes_in_flight, "n", 3)
     queue = Queue(queues.queue_pair(engine.model_name).batch, connection=r)
     started = StartedJobRegistry(queues.queue_pair(engine.model_name).batch, connection=r)
-    worker = make_worker(settings, engine)
-    passes_in_flight(busy=100)
     assert worker.drain_once(block_s=1)
     assert jobstore.load_view(r, job_ids[0]).status == JobStatus.SUCCEEDED
     assert queue.count == 1  # the second job was taken during the first batch's pass ...
@@ -161,13 +168,8 @@ def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_
                                                          passes_in_flight, monkeypatch):
     from workers import tasks
 
-    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "s")[0]["text"]}], scoring=SPEC)
-    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a step
-    settings = make_settings(chunk_num_rows=1)
-    r = redis.Redis.from_url(settings.redis_url)
-    job_ids = [_submit(r, settings, engine.model_name, 1, f"s{i}-") for i in range(2)]
-    worker = make_worker(settings, engine)
-    passes_in_flight(busy=100)
+    _, r, job_ids, worker = _one_row_per_step(make_settings, service_engine, service_engine_factory,
+                                              passes_in_flight, "s", 2)
     score_rows, scored = tasks.score_rows, []
 
     def score_then_stop(engine, rows, while_waiting=None):
@@ -184,15 +186,10 @@ def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_
 def test_a_sync_call_is_not_pushed_back_by_the_look_ahead(make_settings, service_engine, service_engine_factory,
                                                           passes_in_flight):
     """A sync job that arrives after the look-ahead filled the next batch still rides in it."""
-    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "q")[0]["text"]}], scoring=SPEC)
-    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a step
-    settings = make_settings(chunk_num_rows=1)
-    r = redis.Redis.from_url(settings.redis_url)
-    batch_jobs = [_submit(r, settings, engine.model_name, 1, f"q{i}-") for i in range(3)]
-    worker = make_worker(settings, engine)
-    passes_in_flight(busy=100)
+    engine, r, batch_jobs, worker = _one_row_per_step(make_settings, service_engine, service_engine_factory,
+                                                      passes_in_flight, "q", 3)
     worker.drain_once(block_s=1)  # scores q0; the look-ahead holds q1 (the budget is full)
-    sync_job = _submit(r, settings, engine.model_name, 1, "late", is_sync=True)
+    sync_job = _submit(r, worker.settings, engine.model_name, 1, "late", is_sync=True)
     worker.drain_once(block_s=1)
     assert jobstore.load_view(r, sync_job).status == JobStatus.SUCCEEDED
     assert jobstore.load_view(r, batch_jobs[1]).status == JobStatus.SUCCEEDED
