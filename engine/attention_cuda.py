@@ -160,8 +160,7 @@ def build_tree_block_masks(
     words: list[np.ndarray] = []
     num_words = 0
     span_runs = _span_runs(spans) if (USE_RUNS if use_runs is None else use_runs) else None
-    has_runs = span_runs is not None
-    runs = np.zeros((num_padded, 2, MAX_NUM_RUNS if has_runs else 1), dtype=np.int32)
+    runs = None if span_runs is None else np.zeros((num_padded, 2, MAX_NUM_RUNS), dtype=np.int32)
     for index, span in enumerate(spans):
         mask = span.mask.numpy() if isinstance(span.mask, torch.Tensor) else span.mask
         n, start = mask.shape[0], span.start
@@ -178,7 +177,7 @@ def build_tree_block_masks(
         full_blocks[b0 : b0 + nb, b0 : b0 + nb] = (blocks == -1).all(axis=(1, 3))
         words.append(span_bits.reshape(-1))
         num_words += span_bits.size
-        if has_runs:
+        if runs is not None:
             runs[rows] = span_runs[index] + start  # absolute columns; an empty run stays empty
     block_pos = positions.reshape(num_blocks, BLOCK_SIZE)
     # Capacity depends only on the bucket, so the compiled kernel's input shapes repeat.
@@ -195,8 +194,8 @@ def build_tree_block_masks(
         row_base=to_dev(row_base), span_start=to_dev(span_start), span_end=to_dev(span_end),
         positions=to_dev(positions), any_blocks=to_dev(any_blocks), full_blocks=to_dev(full_blocks),
         block_pos_min=to_dev(block_pos.min(axis=1)), block_pos_max=to_dev(block_pos.max(axis=1)),
-        run_start=to_dev(np.ascontiguousarray(runs[:, 0])) if has_runs else None,
-        run_end=to_dev(np.ascontiguousarray(runs[:, 1])) if has_runs else None,
+        run_start=None if runs is None else to_dev(np.ascontiguousarray(runs[:, 0])),
+        run_end=None if runs is None else to_dev(np.ascontiguousarray(runs[:, 1])),
     )
 
 

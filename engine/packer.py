@@ -27,7 +27,7 @@ from engine.tree import TokenTree, build_tree
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 PAD_TOKEN_ID = 0
-MAX_NUM_RUNS = 16  # a row's visible columns as at most this many intervals (news: at most 5)
+MAX_NUM_RUNS = 16  # a row's visible columns as at most this many intervals (more: the pass reads mask bits)
 
 
 @dataclass(slots=True)
@@ -155,8 +155,7 @@ def tree_mask(parents: list[int], num_padded: int) -> np.ndarray:
     """
     mask = np.zeros((num_padded, num_padded), dtype=bool)
     num_nodes = len(parents)
-    starts = [i for i in range(num_nodes) if i == 0 or parents[i] != i - 1] + [num_nodes]
-    for start, end in zip(starts, starts[1:]):
+    for start, end in _chains(parents):
         parent = parents[start]
         if parent >= 0:
             mask[start:end, : parent + 1] = mask[parent, : parent + 1]
@@ -174,11 +173,10 @@ def tree_runs(parents: list[int], num_padded: int, max_num_runs: int = MAX_NUM_R
     parent directly. Exactly tree_mask (tests/engine/test_packer.py); the CUDA mask reads these
     per row instead of one mask bit per (row, column) (engine/attention_cuda.py)."""
     num_nodes = len(parents)
-    starts = [i for i in range(num_nodes) if i == 0 or parents[i] != i - 1] + [num_nodes]
     chain_of = np.zeros(num_padded, dtype=np.int64)
     closed: list[list[tuple[int, int]]] = []  # per chain: the runs before its open one
     open_start: list[int] = []  # per chain: where its open run (ending at row + 1) starts
-    for index, (start, end) in enumerate(zip(starts, starts[1:])):
+    for index, (start, end) in enumerate(_chains(parents)):
         chain_of[start:end] = index
         parent = parents[start]
         if parent < 0:
@@ -205,6 +203,12 @@ def tree_runs(parents: list[int], num_padded: int, max_num_runs: int = MAX_NUM_R
                                                    rows[num_nodes:])
     out[rows, 1, num_closed[chain_of]] = rows + 1
     return out
+
+
+def _chains(parents: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each chain: a run of nodes each the child of the one before."""
+    starts = [i for i in range(len(parents)) if i == 0 or parents[i] != i - 1] + [len(parents)]
+    return list(zip(starts, starts[1:]))
 
 
 def _lower_triangle(size: int) -> np.ndarray:
