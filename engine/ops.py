@@ -87,9 +87,7 @@ def rms_norm(
     On CPU ignored: the fp8 emulation quantizes in linear."""
     if x.is_cuda:
         return rms_norm_kernels.rms_norm(x, weight, eps, weight_offset, quantize)
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (x32 * (weight.float() + weight_offset)).to(x.dtype)
+    return rms_norm_kernels.rms_norm_reference(x, weight, eps, weight_offset)
 
 
 def add_rms_norm(
@@ -101,10 +99,7 @@ def add_rms_norm(
     (h as Fp8Rows on CUDA, within rounding of quantizing h in fp8_linear; ignored on CPU)."""
     if x.is_cuda:
         return add_rms_norm_kernels.add_rms_norm(x, delta, norm, delta_norm, quantize)
-    if delta_norm is not None:
-        delta = rms_norm(delta, *delta_norm)
-    x = x + delta
-    return x, (rms_norm(x, *norm) if norm is not None else None)
+    return add_rms_norm_kernels.add_rms_norm_reference(x, delta, norm, delta_norm)
 
 
 def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
@@ -122,8 +117,7 @@ def gated_linear(
     weight on CUDA the activation kernel also quantizes its rows (the same bits as
     gated_activation then fp8 linear, one [T, I] bf16 write and read fewer)."""
     if gate_up.is_cuda and isinstance(weight, Fp8Weight) and activation in gated_act.GATED_ACTIVATIONS:
-        xq, x_scale = gated_act.gated_act_fp8(gate_up, activation)
-        return fp8_matmul.fp8_matmul(xq, x_scale, weight, bias, out_dtype=gate_up.dtype)
+        return linear(Fp8Rows(*gated_act.gated_act_fp8(gate_up, activation), gate_up.dtype), weight, bias)
     return linear(gated_activation(gate_up, activation), weight, bias)
 
 

@@ -95,6 +95,11 @@ def fp8_linear_reference(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor 
     return y.to(x.dtype)
 
 
+def row_block(num_cols: int) -> int:
+    """The block of a kernel that holds a whole row of num_cols (a power of two, at least 16)."""
+    return max(16, 1 << (num_cols - 1).bit_length())
+
+
 @jit
 def row_scale(amax, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
     """A row's fp8 scale from its amax (a max: exact in any order, so in any tiling)."""
@@ -141,7 +146,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xq = torch.empty(num_rows, num_cols, dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty(num_rows, dtype=torch.float32, device=x.device)
     if num_rows:
-        block = max(16, 1 << (num_cols - 1).bit_length())
+        block = row_block(num_cols)
         quantize_rows_kernel[(num_rows,)](
             x, xq, scale, num_cols, BLOCK_K=block, FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX,
             num_warps=min(16, max(4, block // 1024)),

@@ -26,7 +26,7 @@ import torch
 from transformers.activations import ACT2FN
 
 from engine.kernels._triton import HAS_TRITON, jit, tl
-from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, row_scale, scaled, store_row
+from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, row_block, row_scale, scaled, store_row
 from engine.kernels.matmul import triton_cdiv
 
 # ACT2FN names the kernel computes -> its ACT constant
@@ -56,13 +56,20 @@ def _gated(gate, up, ACT: tl.constexpr, C: tl.constexpr, DTYPE: tl.constexpr):
 
 
 @jit
-def gated_act_kernel(x_ptr, y_ptr, stride_x, I, ACT: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+def _chunk_of_y(x_ptr, row, stride_x, cols, I, ACT: tl.constexpr, C: tl.constexpr):
+    """y at `cols` of `row` as gated_act_kernel writes it, in fp32 (lanes past I: 0)."""
     mask = cols < I
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * I + cols, _gated(gate, up, ACT, C, y_ptr.dtype.element_ty), mask=mask)
+    return _gated(gate, up, ACT, C, x_ptr.dtype.element_ty).to(tl.float32)
+
+
+@jit
+def gated_act_kernel(x_ptr, y_ptr, stride_x, I, ACT: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    y = _chunk_of_y(x_ptr, row, stride_x, cols, I, ACT, C)  # y's dtype is gate_up's: back exactly
+    tl.store(y_ptr + row * I + cols, y.to(y_ptr.dtype.element_ty), mask=cols < I)
 
 
 @jit
@@ -74,11 +81,8 @@ def gated_act_fp8_kernel(
     fp8_matmul.quantize_rows_kernel's maths on it (`store_row`)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    mask = cols < I
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _gated(gate, up, ACT, C, x_ptr.dtype.element_ty)  # lanes past I: 0
-    store_row(y, xq_ptr, scale_ptr, row, cols, mask, I, True, FP8_MAX_, MIN_AMAX_)
+    y = _chunk_of_y(x_ptr, row, stride_x, cols, I, ACT, C)  # lanes past I: 0
+    store_row(y, xq_ptr, scale_ptr, row, cols, cols < I, I, True, FP8_MAX_, MIN_AMAX_)
 
 
 @jit
@@ -100,15 +104,6 @@ def gated_act_fp8_chunked_kernel(
         y = _chunk_of_y(x_ptr, row, stride_x, cols, I, ACT, C)
         tl.store(xq_ptr + row * I + cols, scaled(y, scale, FP8_MAX_).to(xq_ptr.dtype.element_ty), mask=cols < I)
     tl.store(scale_ptr + row, scale)
-
-
-@jit
-def _chunk_of_y(x_ptr, row, stride_x, cols, I, ACT: tl.constexpr, C: tl.constexpr):
-    """y at `cols` of `row` as gated_act_kernel writes it, in fp32 (lanes past I: 0)."""
-    mask = cols < I
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
-    return _gated(gate, up, ACT, C, x_ptr.dtype.element_ty).to(tl.float32)
 
 
 def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
@@ -158,7 +153,7 @@ def gated_act_fp8(
             num_warps=num_warps or 4,
         )
     elif num_rows:
-        block = max(16, 1 << (num_cols - 1).bit_length())
+        block = row_block(num_cols)
         gated_act_fp8_kernel[(num_rows,)](
             gate_up, xq, scale, gate_up.stride(0), num_cols, ACT=GATED_ACTIVATIONS[activation], C=GELU_TANH_C,
             BLOCK=block, FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX, num_warps=num_warps or _fp8_num_warps(block),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from engine.kernels._triton import HAS_TRITON, jit, tl
-from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, Fp8Rows, store_row
+from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, Fp8Rows, row_block, store_row
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
@@ -77,7 +77,7 @@ def rms_norm(
 def norm_launch_config(num_cols: int) -> tuple[int, int]:
     """(BLOCK_D, num_warps) of a row norm over num_cols: they fix the reduction order, so every
     kernel that must match rms_norm's bits (add_rms_norm.py) launches with these."""
-    block = max(16, 1 << (num_cols - 1).bit_length())
+    block = row_block(num_cols)
     return block, min(16, max(1, block // 512))
 
 

@@ -5,11 +5,7 @@ from engine import ops
 from engine.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 from engine.kernels.rms_norm import rms_norm
 from interpreted import run_interpreted
-from kernel_inputs import fresh
-
-
-def norms(dim: int, device="cpu", dtype=torch.bfloat16, offset: float = 1.0):
-    return (fresh((dim,), device, dtype, seed=11), 1e-6, offset), (fresh((dim,), device, dtype, seed=12), 1e-6, offset)
+from kernel_inputs import fresh, norms
 
 
 def test_reference_is_the_unfused_ops_path():

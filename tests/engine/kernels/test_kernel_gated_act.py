@@ -28,11 +28,15 @@ def test_fp8_kernel_under_the_triton_interpreter():
 
 
 def test_cpu_gated_linear_is_the_activation_then_the_linear():
+    """Against torch's own maths (gate columns first, silu, then the product): not the code's."""
     gate_up, w = fresh((64, 96), dtype=torch.float32, seed=4), fresh((32, 48), dtype=torch.float32, seed=5)
+    activated = torch.nn.functional.silu(gate_up[:, :48]) * gate_up[:, 48:]
     want = ops.linear(gated_act_reference(gate_up, "silu"), w, None)
+    assert torch.equal(want, ops.linear(activated, w, None))
     assert torch.equal(ops.gated_linear(gate_up, "silu", w, None), want)
     fp8 = quantize_weight(w)
     assert torch.equal(ops.gated_linear(gate_up, "silu", fp8, None), ops.linear(gated_act_reference(gate_up, "silu"), fp8))
+    assert not torch.equal(ops.gated_linear(gate_up.flip(1), "silu", w, None), want)  # gate and up are not interchangeable
 
 
 @pytest.mark.gpu
