@@ -37,7 +37,7 @@ from engine.decoder import (
     select,
     start_state,
 )
-from engine.kv_cache import DecodeMetadata, DecodeSpan, KVStore, SlotKV, decode_mask, group_spans
+from engine.kv_cache import DecodeMetadata, DecodeSpan, KVStore, SlotKV, decode_mask
 from engine.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.packer import PAD_TOKEN_ID, PackedBatch, pack_trees, padded
 from engine.runner import RunnerOutput
@@ -218,7 +218,7 @@ def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore) 
         jobs=jobs,
         input_ids=torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
         positions=torch.tensor(positions + [0] * num_pad, dtype=torch.long),
-        decode=DecodeMetadata(spans, group_spans(spans)),
+        decode=DecodeMetadata(spans),
         scored_index=torch.arange(num_scored),
         needs=needs,
         vocab=vocab,

@@ -129,16 +129,16 @@ class KVArena:
                 rows = torch.cat([_kept(kv, part, layer, kv.num_rows) for kv in kvs])  # [sum rows, Hkv, d]
                 getattr(self, part)[layer].view(-1, *rows.shape[1:]).index_copy_(0, dest, rows)
         for entry, kv in zip(entries, kvs):
-            if kv.arena is not None:
-                kv.arena.owners[kv.entry] = None
+            KVStore.release(kv)  # its entry in a smaller arena
             kv.arena, kv.entry, kv.keys, kv.values = self, entry, [], []
             self.owners[entry] = kv
 
     def _grow(self, num_missing: int) -> list[int]:
-        """`num_missing` new entries: one copy of the arena (rare: slots start with room for
-        their decoder's most rows, KVStore.reserve)."""
+        """At least `num_missing` new entries, at least doubling the arena: each growth copies
+        every layer's keys and values, so growing by what is missing alone would copy the
+        arena again for every pass that brings slots in."""
         first = len(self.owners)
-        extra = num_missing
+        extra = max(num_missing, first)
         for tensors in (self.keys, self.values):
             for layer, old in enumerate(tensors):
                 tensors[layer] = torch.cat((old, old.new_zeros((extra,) + old.shape[1:])))
@@ -238,7 +238,10 @@ class DecodeGroup:
 @dataclass(slots=True)
 class DecodeMetadata:
     spans: list[DecodeSpan]  # one per slot in the pass
-    groups: list[DecodeGroup] = field(default_factory=list)  # group_spans(spans)
+    groups: list[DecodeGroup] = field(init=False)  # group_spans(spans): one SDPA per group and layer
+
+    def __post_init__(self) -> None:
+        self.groups = group_spans(self.spans)
 
 
 def group_spans(spans: list[DecodeSpan]) -> list[DecodeGroup]:

@@ -101,7 +101,7 @@ def _attend(store, slots: list, num_real: list[int], step: int, window: int | No
         own = [list(range(kv.num_prompt_rows, kv.num_rows))] * real  # each row: every decoded row so far
         positions = torch.full((8,), kv.num_rows)
         spans.append(kv_cache.DecodeSpan(8 * index, 8, real, kv, kv_cache.decode_mask(kv, own, 8), positions))
-    meta = kv_cache.DecodeMetadata(spans, kv_cache.group_spans(spans))
+    meta = kv_cache.DecodeMetadata(spans)
     blocks = [_rows(1000 * step + kv.num_prompt_rows) for kv in slots]
     q, k, v = (torch.cat([b[i] for b in blocks] + [torch.zeros(8, *blocks[0][i].shape[1:])]) for i in range(3))
     references = []
