@@ -197,29 +197,30 @@ def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore) 
     """The jobs' next rows; each job's K/V gets room for them in `store` first."""
     store.reserve([job.kv for job in jobs], [padded(len(job.state.live), SCORE_CHUNK) for job in jobs],
                   [job.decoder.max_rows(job.spec) for job in jobs])
+    spans, input_ids, positions = decode_rows(jobs)
+    needs = [need for job, span in zip(jobs, spans, strict=True)
+             for need in job.decoder.needs(job.state, vocab) + [None] * (span.num_rows - span.num_real)]
+    return DecodeBatch(
+        jobs=jobs, input_ids=input_ids, positions=positions, decode=DecodeMetadata(spans),
+        scored_index=torch.arange(len(needs)), needs=needs, vocab=vocab,
+    )
+
+
+def decode_rows(jobs: list[SlotJob]) -> tuple[list[DecodeSpan], torch.Tensor, torch.Tensor]:
+    """Each job's live hypotheses as the next rows (its last token at its next position), a span
+    of SCORE_CHUNK-padded rows per job -> (spans, input ids [T], positions [T]), T padded to ROW_CHUNK."""
     input_ids: list[int] = []
     positions: list[int] = []
     spans: list[DecodeSpan] = []
-    needs: list[RowNeed | None] = []
     for job in jobs:
         live = job.state.live
         start, num_rows = len(input_ids), padded(len(live), SCORE_CHUNK)
         num_pad = num_rows - len(live)
         new_positions = [job.num_prompt_tokens + len(hyp.ids) - 1 for hyp in live] + [0] * num_pad
         input_ids += [hyp.ids[-1] for hyp in live] + [PAD_TOKEN_ID] * num_pad
-        needs += job.decoder.needs(job.state, vocab) + [None] * num_pad
         positions += new_positions
-        new = torch.tensor(new_positions, dtype=torch.long)
         mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
-        spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, new))
-    num_scored = len(input_ids)
-    num_pad = padded(num_scored, ROW_CHUNK) - num_scored
-    return DecodeBatch(
-        jobs=jobs,
-        input_ids=torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
-        positions=torch.tensor(positions + [0] * num_pad, dtype=torch.long),
-        decode=DecodeMetadata(spans),
-        scored_index=torch.arange(num_scored),
-        needs=needs,
-        vocab=vocab,
-    )
+        spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, torch.tensor(new_positions, dtype=torch.long)))
+    num_pad = padded(len(input_ids), ROW_CHUNK) - len(input_ids)
+    return (spans, torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
+            torch.tensor(positions + [0] * num_pad, dtype=torch.long))

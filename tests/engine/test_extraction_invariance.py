@@ -78,11 +78,16 @@ def test_capacity_depends_only_on_the_rows_and_bounds_the_padding():
 NUM_LAYERS, HQ, HKV, D = 2, 4, 2, 16
 
 
+_HISTORY: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(slot) -> its layer-1 keys, values so far
+
+
 def _slot(num_prompt: int, seed: int) -> kv_cache.SlotKV:
     g = torch.Generator().manual_seed(seed)
     keys = [torch.randn(num_prompt, HKV, D, generator=g) for _ in range(NUM_LAYERS)]
     values = [torch.randn(num_prompt, HKV, D, generator=g) for _ in range(NUM_LAYERS)]
-    return kv_cache.SlotKV(keys, values, torch.arange(num_prompt), num_prompt)
+    kv = kv_cache.SlotKV(keys, values, torch.arange(num_prompt), num_prompt)
+    _HISTORY[id(kv)] = (keys[1].clone(), values[1].clone())  # kept apart from the arenas
+    return kv
 
 
 def _rows(seed: int) -> tuple[torch.Tensor, ...]:
@@ -94,7 +99,8 @@ def _rows(seed: int) -> tuple[torch.Tensor, ...]:
 def _attend(store, slots: list, num_real: list[int], step: int, window: int | None = None) -> list[tuple]:
     """One pass over `slots` (8 rows each, `num_real` live; a slot's q/k/v from its prompt
     length and the step): each slot's live output rows (layer 1) and their reference, one
-    SDPA over exactly its kept + new keys. The new rows join the slots."""
+    SDPA over exactly its keys so far (the test's own copy, not the arena's) + new keys; the
+    arena's kept rows must equal that copy. The new rows join the slots."""
     store.reserve(slots, [8] * len(slots), [0] * len(slots))
     spans = []
     for index, (kv, real) in enumerate(zip(slots, num_real)):
@@ -105,10 +111,12 @@ def _attend(store, slots: list, num_real: list[int], step: int, window: int | No
     blocks = [_rows(1000 * step + kv.num_prompt_rows) for kv in slots]
     q, k, v = (torch.cat([b[i] for b in blocks] + [torch.zeros(8, *blocks[0][i].shape[1:])]) for i in range(3))
     references = []
-    for span in spans:  # before the pass: the kept rows as the arena holds them
-        kept = slice(span.kv.entry, span.kv.entry + 1)
-        keys = torch.cat((span.kv.arena.keys[1][kept][0, : span.kv.num_rows], k[span.start : span.start + 8]))
-        values = torch.cat((span.kv.arena.values[1][kept][0, : span.kv.num_rows], v[span.start : span.start + 8]))
+    for span in spans:  # before the pass: the slot's rows so far, and the arena's copy of them
+        kept_keys, kept_values = _HISTORY[id(span.kv)]
+        assert torch.equal(span.kv.arena.keys[1][span.kv.entry, : span.kv.num_rows], kept_keys)
+        assert torch.equal(span.kv.arena.values[1][span.kv.entry, : span.kv.num_rows], kept_values)
+        keys = torch.cat((kept_keys, k[span.start : span.start + 8]))
+        values = torch.cat((kept_values, v[span.start : span.start + 8]))
         mask = span.mask
         if window is not None:
             key_positions = torch.cat((span.kv.positions, span.positions))
@@ -117,6 +125,9 @@ def _attend(store, slots: list, num_real: list[int], step: int, window: int | No
     out = kv_cache.decode_attention(q, k, v, meta, 1, 0.25, window)
     for span in spans:
         span.kv.positions = torch.cat((span.kv.positions, span.positions[: span.num_real]))
+        real = slice(span.start, span.start + span.num_real)
+        kept_keys, kept_values = _HISTORY[id(span.kv)]
+        _HISTORY[id(span.kv)] = (torch.cat((kept_keys, k[real])), torch.cat((kept_values, v[real])))
     return [(out[s.start : s.start + s.num_real], r[: s.num_real]) for s, r in zip(spans, references)]
 
 
@@ -139,3 +150,17 @@ def test_decode_attention_alone_vs_reused_entries_and_growth(window):
     assert target.arena.capacity == 96 and first[1].arena.capacity == 64
     for a, b in zip(alone, batched):
         assert torch.equal(a, b)  # bit for bit
+
+
+def test_an_arena_that_grows_keeps_the_rows_it_holds():
+    """Slots arrive at a full arena: it grows (one copy of every layer) and every slot already
+    in it keeps its rows bit for bit (_attend compares the arena with the test's own copy)."""
+    store = kv_cache.KVStore()
+    first = [_slot(20, 1), _slot(40, 2)]
+    _attend(store, first, [2, 2], 0)
+    arena, num_entries = first[0].arena, len(first[0].arena.owners)
+    more = [_slot(30, 4), _slot(10, 5), _slot(45, 6)]
+    for step in (1, 2):
+        for out, reference in _attend(store, first + more, [2, 2, 1, 1, 1], step):
+            assert torch.allclose(out, reference, atol=1e-5)
+    assert all(kv.arena is arena for kv in first + more) and len(arena.owners) > num_entries

@@ -23,10 +23,7 @@ import engine.kv_cache as kv_cache
 from engine.attention import AttentionMetadata, sdpa
 from engine.decoder import END, DecodeState, Finished, Hypothesis, _Proposal, decoder_for, start_state
 from engine.floors import FloorCache
-from engine.extraction import Extraction, SlotJob, _groups
-from engine.kv_cache import decode_mask
-from engine.ops import ROW_CHUNK, SCORE_CHUNK
-from engine.packer import PAD_TOKEN_ID, padded
+from engine.extraction import Extraction, SlotJob, _groups, decode_rows
 from engine.runner import chunked_log_softmax
 from engine.slots import is_complete
 from spinf_jobs.protocol import ScoringRequest
@@ -153,21 +150,13 @@ class _OldBatch:
 
 
 def _old_prepare_decode_batch(jobs: list[SlotJob]) -> _OldBatch:
-    input_ids, positions, spans = [], [], []
-    for job in jobs:
-        live = job.state.live
-        start, num_rows = len(input_ids), padded(len(live), SCORE_CHUNK)
-        num_pad = num_rows - len(live)
-        new_positions = [job.num_prompt_tokens + len(hyp.ids) - 1 for hyp in live] + [0] * num_pad
-        input_ids += [hyp.ids[-1] for hyp in live] + [PAD_TOKEN_ID] * num_pad
-        positions += new_positions
-        new = torch.tensor(new_positions, dtype=torch.long)
-        mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
-        spans.append(_OldSpan(start, num_rows, len(live), job.kv, mask, torch.cat((job.kv.positions, new)), new))
-    num_scored = len(input_ids)
-    num_pad = padded(num_scored, ROW_CHUNK) - num_scored
-    return _OldBatch(torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
-                     torch.tensor(positions + [0] * num_pad, dtype=torch.long), spans, torch.arange(num_scored))
+    """The engine's rows (decode_rows: the batch plumbing, not what is compared), each span with
+    its keys' positions for the old attention."""
+    spans, input_ids, positions = decode_rows(jobs)
+    old_spans = [_OldSpan(span.start, span.num_rows, span.num_real, span.kv, span.mask,
+                          torch.cat((span.kv.positions, span.positions)), span.positions) for span in spans]
+    num_scored = spans[-1].start + spans[-1].num_rows
+    return _OldBatch(input_ids, positions, old_spans, torch.arange(num_scored))
 
 
 def _old_decode_attention(q, k, v, meta, layer, scale, sliding_window=None):
@@ -197,7 +186,7 @@ class _OldExtraction(Extraction):
                 branch = packed.tree.branches[branch_index]
                 job = SlotJob(packed.owner.request_index, branch.query_index, branch.combination_index, branch.slot,
                               branch.branch_point, output.slot_kv[slot], start_state(branch.slot),
-                              decoder_for(branch.slot, self.beam))  # only for prepare_decode_batch
+                              decoder_for(branch.slot, self.beam))  # SlotJob's field; the old step decodes itself
                 _old_step(job, output.slot_logprobs[slot : slot + 1], self.vocab_fn(), self.beam)
                 self.jobs.append(job)
 
