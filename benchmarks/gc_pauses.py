@@ -22,9 +22,7 @@ import argparse
 import contextlib
 import datetime
 import gc
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from result_files import git_commit, write_pair  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 import engine.engine as engine_module  # noqa: E402
@@ -40,7 +39,6 @@ from engine.engine import Engine, EngineConfig  # noqa: E402
 from engine.tiny import make_tiny_checkpoint  # noqa: E402
 from spinf_jobs.protocol import ScoringRequest  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODES = ("collector", "deferred", "deferred+frozen")
 
 
@@ -139,7 +137,7 @@ def main() -> None:
     gc.collect()
     engine.score_batch(requests)
     cyclic_garbage = gc.collect()  # unreachable objects a batch left: what deferring can hold back
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     result = {
         "commit": commit, "date": datetime.date.today().isoformat(), "python": sys.version.split()[0],
         "command": "python3 benchmarks/gc_pauses.py " + " ".join(sys.argv[1:]), "family": args.family,
@@ -147,10 +145,7 @@ def main() -> None:
         "num_questions": sum(len(r.scoring.queries) for r in requests), "modes": modes,
         "cyclic_garbage_after_a_batch": cyclic_garbage,
     }
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"{result['date']}-gc-pauses-{args.family}-{args.workload}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
+    write_pair(f"{result['date']}-gc-pauses-{args.family}-{args.workload}", result, markdown(result))
     print(markdown(result))
 
 

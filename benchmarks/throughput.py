@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ import hf_baselines  # noqa: E402
 import random_models  # noqa: E402
 from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
+from result_files import git_commit, write_pair  # noqa: E402
 from slot_workload import load_slot_queries, slot_token_share, with_slots  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -41,7 +40,6 @@ from workloads import load_workload  # noqa: E402
 from engine.quantization import quantize_linears_fp8  # noqa: E402
 from spinf_jobs.protocol import ScoringRequest  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float], object]:
@@ -173,13 +171,6 @@ def system_row(stats: dict, num_questions: int, params: int, peak: float, **extr
     }
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=RESULTS.parent, text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="gemma-3-12b", choices=sorted(random_models.ARCHS))
@@ -307,11 +298,8 @@ def _brief(row: dict) -> str:
 def write_result(result: dict, final: bool = True) -> None:
     """The JSON + Markdown pair; `complete` is false until every asked-for system has run."""
     result["complete"] = final
-    RESULTS.mkdir(exist_ok=True)
     tag = f"-{result['tag']}" if result.get("tag") else ""
-    stem = RESULTS / f"{result['date']}-{result['workload']}-{result['model']}{tag}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
+    write_pair(f"{result['date']}-{result['workload']}-{result['model']}{tag}", result, markdown(result))
     if final:
         print(markdown(result))
 

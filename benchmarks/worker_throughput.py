@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from result_files import git_commit, write_pair  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 from spinf_jobs import jobstore  # noqa: E402
@@ -42,7 +41,6 @@ from spinf_jobs.protocol import ScoringRequest, ScoringSpec  # noqa: E402
 from spinf_jobs.settings import Settings  # noqa: E402
 from spinf_jobs.submit import submit_inline  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def make_engine(model: str, folder: Path):
@@ -130,15 +128,12 @@ def main() -> None:
         redis_server.shutdown()
     for row in rows.values():
         row["share_of_engine_alone"] = rows["engine_alone"]["seconds"] / row["seconds"]
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.commit or git_commit()
     result = {"commit": commit, "date": datetime.date.today().isoformat(), "model": args.model, "device": engine.runner.device.type,
               "workload": args.workload, "num_rows": len(items), "num_questions": num_questions,
               "chunk_num_rows": args.chunk_num_rows, "repeats": args.repeats,
               "command": "python3 benchmarks/worker_throughput.py " + " ".join(sys.argv[1:]), "systems": rows}
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"{result['date']}-worker-{args.workload}-{args.model}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
+    write_pair(f"{result['date']}-worker-{args.workload}-{args.model}", result, markdown(result))
     print(markdown(result))
 
 
