@@ -84,16 +84,23 @@ def check_gated_act_fp8() -> None:
             assert torch.equal(chunked_scale, scale) and torch.equal(chunked_q.float(), xq.float()), chunk
 
 
+def _residual_inputs(dtype):
+    """x [5, 200], a strided delta, and (weight, eps, offset) for the norm and the delta's norm."""
+    from kernel_inputs import fresh
+
+    x, delta = fresh((5, 200), dtype=dtype, seed=1, scale=3.0), fresh((5, 300), dtype=dtype, seed=2)[:, :200]
+    norm, delta_norm = (fresh((200,), dtype=dtype, seed=3), 1e-6, 1.0), (fresh((200,), dtype=dtype, seed=4), 1e-5, 0.0)
+    return x, delta, norm, delta_norm
+
+
 def check_add_rms_norm() -> None:
     import torch
 
     from engine.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
-    from kernel_inputs import fresh
 
     # fp32: tight. bf16: truncating roundings here (a sum that cancels keeps an operand's ulp)
     for dtype, rtol, atol in ((torch.float32, 1e-5, 1e-5), (torch.bfloat16, 3 * 2**-7, 0.1)):
-        x, delta = fresh((5, 200), dtype=dtype, seed=1, scale=3.0), fresh((5, 300), dtype=dtype, seed=2)[:, :200]
-        norm, delta_norm = (fresh((200,), dtype=dtype, seed=3), 1e-6, 1.0), (fresh((200,), dtype=dtype, seed=4), 1e-5, 0.0)
+        x, delta, norm, delta_norm = _residual_inputs(dtype)
         for args in ((norm, delta_norm), (norm, None), (None, delta_norm)):
             got, want = add_rms_norm(x, delta, *args), add_rms_norm_reference(x, delta, *args)
             for g, w in zip(got, want):
@@ -136,13 +143,11 @@ def check_quantizing_norms() -> None:
     from engine.kernels.add_rms_norm import add_rms_norm
     from engine.kernels.fp8_matmul import Fp8Rows, quantize_rows
     from engine.kernels.rms_norm import rms_norm
-    from kernel_inputs import fresh
 
     for dtype in (torch.bfloat16, torch.float32):
-        x, delta = fresh((5, 200), dtype=dtype, seed=1, scale=3.0), fresh((5, 300), dtype=dtype, seed=2)[:, :200]
+        x, delta, norm, delta_norm = _residual_inputs(dtype)
         x[3] = 0.0
         delta[3] = 0.0  # an all-zero row: the MIN_AMAX scale
-        norm, delta_norm = (fresh((200,), dtype=dtype, seed=3), 1e-6, 1.0), (fresh((200,), dtype=dtype, seed=4), 1e-5, 0.0)
         for dn in (delta_norm, None):
             x_new, h = add_rms_norm(x, delta, norm, dn)
             got_x, got_h = add_rms_norm(x, delta, norm, dn, quantize=True)
