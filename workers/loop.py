@@ -193,9 +193,7 @@ class GreedyWorker(SimpleWorker):
             item = self._hold(*taken)
             held.append(item)
             yield
-            for slot in _requests(item):
-                item.num_tokens += _count(engine, slot.request)
-                yield
+            yield from _counting(engine, item)
             if sum(h.num_tokens for h in held) >= engine.config.max_num_batched_tokens:
                 return
             taken = self._pop(model_queues)
@@ -216,7 +214,8 @@ class GreedyWorker(SimpleWorker):
         sync_queues = [q for q in self.queues if q.name == queues.queue_pair(model).sync]
         while (taken := self._pop(sync_queues)) is not None:
             held.append(item := self._hold(*taken))
-            item.num_tokens = sum(_count(self.engines[model], slot.request) for slot in _requests(item))
+            for _ in _counting(self.engines[model], item):
+                pass
         return model, held
 
     def _look_ahead(self) -> Callable[[], bool] | None:
@@ -352,9 +351,13 @@ def _clean_registries(queue: Queue) -> None:
     FailedJobRegistry(**args).cleanup()
 
 
-def _requests(item: HeldJob) -> list:
-    """The held chunk's rows that carry a request (none for a plan step or a failed load)."""
-    return [slot for slot in item.work.rows if slot.request is not None] if item.work is not None else []
+def _counting(engine, item: HeldJob) -> Iterator[None]:
+    """Count the held chunk's rows into item.num_tokens, a row a step (none for a plan step or a
+    failed load); each count keeps the row compiled for scoring (Engine.count_tokens)."""
+    for slot in item.work.rows if item.work is not None else ():
+        if slot.request is not None:
+            item.num_tokens += _count(engine, slot.request)
+            yield
 
 
 def _count(engine, request) -> int:
