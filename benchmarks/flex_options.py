@@ -11,10 +11,11 @@ A variant is only usable if it is bit-identical to the current one on every row 
 its own alone-vs-packed invariance must be shown before adopting it: a new fingerprint).
 
     --variants tma,...   only these (default: all)
-    --probe-mask-cost    the variants on the runs mask (attention_cuda.USE_RUNS forced on), and
-                         also: the bit-per-column mask (bit-checked against the runs mask), and the same block lists with a mask_mod that keeps every
-                         key of a partial block (wrong outputs: a cost probe only); per window the
-                         tile counts, so each row also has TFLOP/s over the tiles the kernel visits
+    --probe-mask-cost    also: the bit-per-column mask (bit-checked against the engine's subtree
+                         mask), and the same block lists with a mask_mod that keeps every key of
+                         a partial block (wrong outputs: a cost probe only); per window the tile
+                         counts, so each row also has TFLOP/s over the tiles the kernel visits;
+                         and the host time to build each mask for the pass (median of 5)
 """
 
 from __future__ import annotations
@@ -83,6 +84,19 @@ class _NoBitLookup(attention_cuda.TreeBlockMasks):
         return lambda b, h, q, kv: kv >= 0
 
 
+def build_ms(spans, use_subtrees: bool, repeats: int = 5) -> float:
+    """Host milliseconds to build the pass's block masks and both windows' BlockMasks (median)."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        masks = attention_cuda.build_tree_block_masks(spans, "cuda", use_subtrees=use_subtrees)
+        masks.for_window(None), masks.for_window(1024)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
 def tile_counts(masks, window) -> dict:
     block_mask = masks.for_window(window)
     return {"partial_tiles": int(block_mask.kv_num_blocks.sum()), "full_tiles": int(block_mask.full_kv_num_blocks.sum())}
@@ -104,7 +118,7 @@ def main() -> None:
     variants = {name: VARIANTS[name] for name in args.variants.split(",")}
     config = random_models.ARCHS[args.model].config
     spans = first_pass_spans(args.model)
-    masks = attention_cuda.build_tree_block_masks(spans, "cuda", use_runs=args.probe_mask_cost or None)
+    masks = attention_cuda.build_tree_block_masks(spans, "cuda")
     num_tokens = masks.num_tokens
     gen = torch.Generator(device="cuda").manual_seed(0)
     heads, kv_heads, dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
@@ -130,12 +144,14 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
         if args.probe_mask_cost:
-            bits = attention_cuda.build_tree_block_masks(spans, "cuda", use_runs=False)
+            bits = attention_cuda.build_tree_block_masks(spans, "cuda", use_subtrees=False)
             seconds, out = time_variant(q, k, v, bits, scale, window, variants[next(iter(variants))])
             rows.append({"variant": "bits_mask", "window": window, "ms": seconds * 1e3, **counts,
                          "tile_tflops": tile_tflops(counts, heads, dim, seconds),
                          "bit_identical_to_current": bool(torch.equal(out, reference)),
-                         "note": "one mask bit read per (row, column), as before the runs"})
+                         "same_blocks": bool(torch.equal(bits.any_blocks, masks.any_blocks)
+                                             and torch.equal(bits.full_blocks, masks.full_blocks)),
+                         "note": "one mask bit read per (row, column), as before the subtree ends"})
             print(rows[-1], flush=True)
             fields = {f.name: getattr(masks, f.name) for f in dataclasses.fields(masks) if not f.name.startswith("_")}  # own caches
             probe = _NoBitLookup(**fields)
@@ -143,6 +159,11 @@ def main() -> None:
             rows.append({"variant": "probe_no_bit_lookup", "window": window, "ms": seconds * 1e3, **counts,
                          "tile_tflops": tile_tflops(counts, heads, dim, seconds),
                          "note": "partial blocks keep every key: wrong outputs, cost only"})
+            print(rows[-1], flush=True)
+    if args.probe_mask_cost:
+        for use_subtrees in (True, False):
+            rows.append({"variant": "build_" + ("subtree" if use_subtrees else "bits") + "_masks",
+                         "host_ms": build_ms(spans, use_subtrees)})
             print(rows[-1], flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "model": args.model, "num_tokens": num_tokens,
               "num_spans": len(spans), "torch": torch.__version__, "rows": rows}

@@ -6,8 +6,9 @@ Every content's token tree occupies its own span of the packed stream, aligned t
 ROW_CHUNK. Inside a span a token sees its ancestors and itself (the tree mask); nothing
 crosses spans. On CPU each span runs its own SDPA with a boolean mask, so a content's
 attention has the same shapes whatever it is packed with (batch invariance). On CUDA
-`engine.attention_cuda.prepare_cuda_attention` turns the same masks into a flex_attention
-block mask (`meta.block_mask`), and `tree_attention` runs the compiled flex kernel.
+`engine.attention_cuda.prepare_cuda_attention` turns the spans into a flex_attention block
+mask (`meta.block_mask`; for tree masks from the subtree ends alone, no [n, n] mask is
+made), and `tree_attention` runs the compiled flex kernel.
 Extraction slots (engine/kv_cache.py) use the same seam: on a packed pass `meta.capture`
 keeps the slots' prompt K/V per layer; on a decoding pass `meta.decode` replaces the spans
 (new rows attend to the kept K/V). Both are why every layer passes its `layer_index`.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -24,13 +26,15 @@ import torch.nn.functional as F
 @dataclass(slots=True)
 class TreeSpan:
     start: int  # first row in the packed stream (a multiple of ROW_CHUNK)
-    mask: torch.Tensor  # [n, n] bool: row may attend to column (ancestor or self); pads see themselves
+    mask: torch.Tensor | None  # [n, n] bool: row may attend to column (ancestor or self); pads see
+    # themselves. None when the packer left it out (CUDA reads subtree_end instead)
     positions: torch.Tensor  # [n] depth of each token in its tree (pads: 0)
-    parents: list[int] | None = None  # the tree's parents when `mask` is packer.tree_mask's (None: another mask)
+    subtree_end: np.ndarray | None = None  # [n] int32 when `mask` is packer.tree_mask's: row i sees
+    # column j exactly when j <= i < subtree_end[j] (None: another mask)
 
     @property
     def num_tokens(self) -> int:
-        return self.mask.shape[0]
+        return self.positions.shape[0]
 
 
 @dataclass(slots=True)
@@ -43,6 +47,8 @@ class AttentionMetadata:
 
 def span_mask(span: TreeSpan, sliding_window: int | None) -> torch.Tensor:
     """The span's tree mask, narrowed to keys less than `sliding_window` positions back."""
+    if span.mask is None:
+        raise ValueError("this span has no dense mask: pack with dense_masks=True for CPU attention")
     if sliding_window is None:
         return span.mask
     distance = span.positions[:, None] - span.positions[None, :]  # [n, n]

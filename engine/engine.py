@@ -51,7 +51,7 @@ from spinf_jobs.templates import parse_template
 # the next packing. H200 timelines (docs/performance.md): 2,048 and, for fp8, 4,096 tokens left
 # the GPU waiting (65 and 59 ms idle); 8,192 is ~0.18 s of fp8 GPU work.
 FIRST_PASS_TOKENS = 8192
-ENGINE_VERSION = "0.1.0"  # bump when a change can move any score
+ENGINE_VERSION = "0.2.0"  # bump when a change can move any score (0.2.0: tree nodes in preorder)
 # the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
 # + the row log-sum-exp kernel for log-softmax at the scored rows
 CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel+gated-act+norm-fp8"
@@ -121,6 +121,7 @@ class Engine:
         self.runner = ModelRunner(checkpoint.model, device)
         # CUDA: a small first pass, so the device starts while the CPU packs the next (full) one
         self.first_pass_tokens = FIRST_PASS_TOKENS if device.type == "cuda" else None
+        self.dense_masks = device.type != "cuda"  # CUDA attention reads the trees' subtree ends instead
         self.floors = FloorCache(config.floor_cache_size)
         self.checkpoint_path = checkpoint.path
         self.system_fingerprint = fingerprint(checkpoint.weights_sha256, dtype, device, config.quantization)
@@ -167,9 +168,10 @@ class Engine:
         compiled = [self._compiled(request) for request in requests]
         self._counted.clear()
         builder = ResponseBuilder(self, compiled)
-        extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), self.mask_fn)
+        extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), self.mask_fn,
+                                self.dense_masks)
         batches = pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn,
-                             first_max_num_tokens=self.first_pass_tokens)
+                             first_max_num_tokens=self.first_pass_tokens, dense_masks=self.dense_masks)
         for batch, output in self.runner.run_all(batches, while_waiting):
             builder.collect(batch, output)
             extraction.collect(batch, output)

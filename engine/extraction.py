@@ -85,6 +85,7 @@ class Extraction:
     beam: BeamDecoder  # the mode-"extract" decoder (parity swaps in a greedy one as its control)
     floor_prompt: object = None  # (SlotJob) -> token ids of its prompt with user contents emptied
     mask_fn: object = None  # the engine's tree mask (for the floor prompts' reads)
+    dense_masks: bool = True  # packer.pack_trees' (False on CUDA)
     jobs: list[SlotJob] = field(default_factory=list)
 
     def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
@@ -124,7 +125,7 @@ class Extraction:
             return
         vocab = self.vocab_fn()
         floor_jobs: list[tuple[SlotJob, SlotJob]] = []  # (the slot, its floor's forced job)
-        for batch, output in runner.run_all(pack_trees(items, max_num_rows, self.mask_fn)):
+        for batch, output in runner.run_all(pack_trees(items, max_num_rows, self.mask_fn, dense_masks=self.dense_masks)):
             started: dict[int, SlotJob] = {}  # row of output.slot_logprobs -> the floor's forced job
             for packed in batch.trees:
                 job, paths = packed.owner

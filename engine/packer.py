@@ -27,7 +27,6 @@ from engine.tree import TokenTree, build_tree
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 PAD_TOKEN_ID = 0
-MAX_NUM_RUNS = 16  # a row's visible columns as at most this many intervals (more: the pass reads mask bits)
 
 
 @dataclass(slots=True)
@@ -79,27 +78,29 @@ def split_tree(branches: list[Branch], max_num_tokens: int, whole: TokenTree | N
 
 
 def pack_trees(
-    items: Iterable[tuple[object, TokenTree]], max_num_tokens: int, mask_fn=None, first_max_num_tokens: int | None = None
+    items: Iterable[tuple[object, TokenTree]], max_num_tokens: int, mask_fn=None, first_max_num_tokens: int | None = None,
+    dense_masks: bool = True,
 ) -> Iterator[PackedBatch]:
     """Greedy in order: a tree that does not fit the current pass opens the next one.
     Lazy: a batch is prepared when it is full, so packing overlaps the pass before it.
     `first_max_num_tokens` caps the first pass only: a small first pass starts the device
-    while the next, full pass is still being packed (nothing else overlaps the first packing)."""
+    while the next, full pass is still being packed (nothing else overlaps the first packing).
+    `dense_masks=False` (CUDA): tree spans carry only their subtree ends, no [n, n] mask."""
     group: list[tuple[object, TokenTree]] = []
     used = 0
     limit = min(max_num_tokens, first_max_num_tokens or max_num_tokens)
     for owner, tree in items:
         size = padded(tree.num_tokens, ROW_CHUNK)
         if group and used + size > limit:
-            yield prepare_batch(group, mask_fn or tree_mask)
+            yield prepare_batch(group, mask_fn or tree_mask, dense_masks)
             group, used, limit = [], 0, max_num_tokens
         group.append((owner, tree))
         used += size
     if group:
-        yield prepare_batch(group, mask_fn or tree_mask)
+        yield prepare_batch(group, mask_fn or tree_mask, dense_masks)
 
 
-def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None) -> PackedBatch:
+def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None, dense_masks: bool = True) -> PackedBatch:
     mask_fn = mask_fn or tree_mask
     input_ids: list[int] = []
     positions: list[int] = []
@@ -125,12 +126,13 @@ def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None) -> Packed
             path = tree.path_to(node)
             capture_rows += [start + row for row in path]
             capture_lengths.append(len(path))
+        is_tree_mask = mask_fn is tree_mask  # then the subtree ends say the same (engine/tree.py)
         spans.append(
             TreeSpan(
                 start=start,
-                mask=torch.from_numpy(mask_fn(tree.parents, num_padded)),
+                mask=torch.from_numpy(mask_fn(tree.parents, num_padded)) if dense_masks or not is_tree_mask else None,
                 positions=torch.tensor(positions[start:], dtype=torch.long),
-                parents=tree.parents if mask_fn is tree_mask else None,  # the CUDA mask may read its runs
+                subtree_end=subtree_ends(tree, num_padded) if is_tree_mask else None,
             )
         )
         trees.append(PackedTree(owner, tree, start, score_start, slot_start))
@@ -165,44 +167,12 @@ def tree_mask(parents: list[int], num_padded: int) -> np.ndarray:
     return mask
 
 
-def tree_runs(parents: list[int], num_padded: int, max_num_runs: int = MAX_NUM_RUNS) -> np.ndarray | None:
-    """tree_mask's rows as intervals: [n, 2, max_num_runs] int32, row i's k-th run of visible
-    columns is [runs[i, 0, k], runs[i, 1, k]) (unused runs empty: [0, 0)); None if a row has
-    more runs than that. Built per chain as tree_mask is: a chain sees its parent row's runs,
-    and its own rows extend them by [chain start, row + 1), one run when the chain follows its
-    parent directly. Exactly tree_mask (tests/engine/test_packer.py); the CUDA mask reads these
-    per row instead of one mask bit per (row, column) (engine/attention_cuda.py)."""
-    num_nodes = len(parents)
-    chain_of = np.zeros(num_padded, dtype=np.int64)
-    closed: list[list[tuple[int, int]]] = []  # per chain: the runs before its open one
-    open_start: list[int] = []  # per chain: where its open run (ending at row + 1) starts
-    for index, (start, end) in enumerate(_chains(parents)):
-        chain_of[start:end] = index
-        parent = parents[start]
-        if parent < 0:
-            runs, first = [], start
-        else:
-            owner = chain_of[parent]
-            runs, first = closed[owner], open_start[owner]
-            if parent + 1 != start:  # the parent row's open run closes at the parent
-                runs, first = runs + [(first, parent + 1)], start
-        if len(runs) >= max_num_runs:
-            return None
-        closed.append(runs)
-        open_start.append(first)
-    table = np.zeros((len(closed) + 1, 2, max_num_runs), dtype=np.int32)  # last: padding rows
-    num_closed = np.zeros(len(closed) + 1, dtype=np.int64)
-    for index, runs in enumerate(closed):
-        if runs:
-            table[index, :, : len(runs)] = np.asarray(runs, dtype=np.int32).T
-        num_closed[index] = len(runs)
-    rows = np.arange(num_padded)
-    chain_of[num_nodes:] = len(closed)  # padding rows see only themselves
-    out = table[chain_of]  # [n, 2, K]
-    out[rows, 0, num_closed[chain_of]] = np.append(np.asarray(open_start, dtype=np.int64)[chain_of[:num_nodes]],
-                                                   rows[num_nodes:])
-    out[rows, 1, num_closed[chain_of]] = rows + 1
-    return out
+def subtree_ends(tree: TokenTree, num_padded: int) -> np.ndarray:
+    """[num_padded] int32: one past the last row of each row's subtree (tree.subtree_end; a
+    padding row is its own subtree). Row i sees column j exactly when j <= i < ends[j]."""
+    ends = np.arange(1, num_padded + 1, dtype=np.int32)
+    ends[: tree.num_tokens] = tree.subtree_end
+    return ends
 
 
 def _chains(parents: list[int]) -> list[tuple[int, int]]:

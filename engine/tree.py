@@ -1,10 +1,12 @@
 """Merge a content's branches into one token tree (a trie of whole-string sequences).
 
-    list[Branch] --build_tree--> TokenTree(token_ids, parents, depths, scored_*)
+    list[Branch] --build_tree--> TokenTree(token_ids, parents, depths, subtree_end, scored_*)
 
 The rendered content is the trunk every sequence shares; each (query, combination) is a
 branch, each option a leaf; sequences that share a prefix share its nodes. Nodes are
-listed parents first, so the tree can be read in one pass with a tree attention mask.
+listed in depth-first preorder (sequences inserted sorted), so parents come first and every
+subtree is one interval of nodes: the tree can be read in one pass with a tree attention
+mask, and on CUDA that mask is one comparison with the key's subtree end.
 A node's depth is its position in the whole sequence it belongs to, which is what RoPE
 sees, so every branch reads exactly the positions it would read alone.
 """
@@ -22,6 +24,8 @@ class TokenTree:
     token_ids: list[int]  # [n] node tokens; a parent always comes before its children
     parents: list[int]  # [n] parent node, -1 for the first token
     depths: list[int]  # [n] position in the whole sequence (RoPE position)
+    subtree_end: list[int]  # [n] one past the node's last descendant: nodes are in preorder, so
+    # node j sees node i (i is j's ancestor or j itself) exactly when i <= j < subtree_end[i]
     scored_nodes: list[int]  # [s] nodes whose next-token distribution is read
     scored_targets: list[int]  # [s] the token read there
     scored_branch: list[int]  # [s] branch index (into `branches`)
@@ -53,28 +57,35 @@ class _Builder:
     token_ids: list[int]
     parents: list[int]
     depths: list[int]
-    children: list[dict[int, int]]
-    roots: dict[int, int]
+    subtree_end: list[int]
 
     def extend(self, path: list[int], ids: list[int], start: int) -> None:
-        """Append nodes for ids[start:] below path[start-1] (path covers ids[:start])."""
+        """Append nodes for ids[start:] below path[start-1] (path covers ids[:start]). The
+        sequences come in trie order, so the nodes left on the path past `start` are never
+        visited again (their subtrees end here) and every node of ids[start:] is new: a chain,
+        appended in bulk."""
+        first = len(self.token_ids)
+        for node in path[start:]:
+            self.subtree_end[node] = first
         del path[start:]
-        for depth in range(start, len(ids)):
-            token = ids[depth]
-            siblings = self.children[path[-1]] if path else self.roots
-            node = siblings.get(token)
-            if node is None:
-                node = len(self.token_ids)
-                siblings[token] = node
-                self.token_ids.append(token)
-                self.parents.append(path[-1] if path else -1)
-                self.depths.append(depth)
-                self.children.append({})
-            path.append(node)
+        num_new = len(ids) - start
+        if num_new <= 0:
+            return
+        self.token_ids += ids[start:]
+        self.parents.append(path[-1] if path else -1)
+        self.parents += range(first, first + num_new - 1)
+        self.depths += range(start, len(ids))
+        self.subtree_end += [0] * num_new  # set when the path leaves them
+        path += range(first, first + num_new)
 
 
 def build_tree(branches: list[Branch]) -> TokenTree:
-    builder = _Builder([], [], [], [], {})
+    """Sequences are inserted in trie order (sorted by token ids), so each one shares with the
+    one before it every node it can share, and nodes come out in depth-first preorder."""
+    sequences = [(ids, b, o) for b, branch in enumerate(branches) for o, ids in enumerate(branch.option_ids)]
+    num_shared = _shared_by_all([ids for ids, _, _ in sequences])
+    sequences.sort(key=lambda sequence: sequence[0][num_shared:])  # stable: equal sequences keep their order
+    builder = _Builder([], [], [], [])
     scored_nodes: list[int] = []
     scored_targets: list[int] = []
     scored_branch: list[int] = []
@@ -84,34 +95,30 @@ def build_tree(branches: list[Branch]) -> TokenTree:
     path: list[int] = []
     previous: list[int] = []
     previous_branch_point = 0
-    across_hint = 0  # shared length between the last two branches: usually the trunk
-    num_trunk = min(b.branch_point for b in branches)  # lowered to the shortest shared prefix
     is_question: set[int] = set()  # nodes before some branch point
-    for branch_index, branch in enumerate(branches):
-        for option_index, ids in enumerate(branch.option_ids):
-            hint = branch.branch_point if option_index else across_hint
-            shared = _common_prefix(previous, ids, hint)
-            if option_index == 0 and branch_index:
-                across_hint = shared
-            if branch_index or option_index:
-                num_trunk = min(num_trunk, shared)
-            builder.extend(path, ids, shared)
-            # path[:min(shared, previous_branch_point)] was marked with the previous sequence
-            is_question.update(path[min(shared, previous_branch_point) : branch.branch_point])
-            previous, previous_branch_point = ids, branch.branch_point
-            for position in range(branch.branch_point, len(ids)):
-                scored_nodes.append(path[position - 1])
-                scored_targets.append(ids[position])
-                scored_branch.append(branch_index)
-                scored_option.append(option_index)
+    for ids, branch_index, option_index in sequences:
+        branch = branches[branch_index]
+        shared = _common_prefix(previous, ids, num_shared, branch.branch_point) if previous else 0
+        builder.extend(path, ids, shared)
+        # path[:min(shared, previous_branch_point)] was marked with the previous sequence
+        is_question.update(path[min(shared, previous_branch_point) : branch.branch_point])
+        previous, previous_branch_point = ids, branch.branch_point
+        for position in range(branch.branch_point, len(ids)):
+            scored_nodes.append(path[position - 1])
+            scored_targets.append(ids[position])
+            scored_branch.append(branch_index)
+            scored_option.append(option_index)
         if branch.slot is not None:  # its one sequence is the prompt: decoding starts after its last node
             slot_nodes.append(path[-1])
             slot_branch.append(branch_index)
+    builder.extend(path, [], 0)  # closes the last path
+    num_trunk = min([num_shared] + [b.branch_point for b in branches])
     return TokenTree(
         branches=branches,
         token_ids=builder.token_ids,
         parents=builder.parents,
         depths=builder.depths,
+        subtree_end=builder.subtree_end,
         scored_nodes=scored_nodes,
         scored_targets=scored_targets,
         scored_branch=scored_branch,
@@ -123,20 +130,34 @@ def build_tree(branches: list[Branch]) -> TokenTree:
     )
 
 
-def _common_prefix(a: list[int], b: list[int], hint: int) -> int:
-    """Length of the common prefix of a and b. `hint` is a guess of it: when the first
-    `hint` tokens agree (one C-speed comparison) only the few tokens after it are walked."""
+def _shared_by_all(sequences: list[list[int]]) -> int:
+    """Length of the prefix every sequence shares (one C-speed comparison per sequence while
+    the first sequence's prefix holds; bisection below it)."""
+    if not sequences:
+        return 0
+    first, shared = sequences[0], len(sequences[0])
+    for ids in sequences[1:]:
+        shared = min(shared, len(ids))
+        if first[:shared] != ids[:shared]:
+            low, high = 0, shared - 1
+            while low < high:
+                middle = (low + high + 1) // 2
+                if first[:middle] == ids[:middle]:
+                    low = middle
+                else:
+                    high = middle - 1
+            shared = low
+    return shared
+
+
+def _common_prefix(a: list[int], b: list[int], low: int, hint: int) -> int:
+    """Length of the common prefix of a and b, known to be at least `low`. `hint` is a guess
+    of it (a branch point): when a and b agree up to it (one C-speed comparison), only the
+    tokens after it are walked, else the tokens after `low`."""
     limit = min(len(a), len(b))
-    low = min(hint, limit)
-    if a[:low] == b[:low]:
-        while low < limit and a[low] == b[low]:
-            low += 1
-        return low
-    low, high = 0, low - 1  # the answer is below the hint: bisect
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
+    hint = min(max(hint, low), limit)
+    if a[low:hint] == b[low:hint]:
+        low = hint
+    while low < limit and a[low] == b[low]:
+        low += 1
     return low
