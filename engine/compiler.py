@@ -17,6 +17,7 @@ token: the read keeps its K/V and its next-token distribution, and decoding star
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.prompts import PromptError, PromptRenderer
 from engine.slots import SlotSpec, slot_spec
@@ -25,9 +26,9 @@ from spinf_jobs.protocol import Query, ScoringRequest
 from spinf_jobs.templates import OPTION_SLOT, expand_grid, parse_template
 
 
-@dataclass(frozen=True, slots=True)
-class FloorKey:
-    """What a floor depends on (the fingerprint is the cache's own)."""
+class FloorKey(NamedTuple):
+    """What a floor depends on (the fingerprint is the cache's own). A named tuple: hashed and
+    compared in C, since every batch looks up each request's keys (news: 1,344 lookups)."""
 
     empty_prefix: str  # the rendered prefix with user contents emptied
     answer_in: str

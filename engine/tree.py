@@ -83,8 +83,8 @@ def build_tree(branches: list[Branch]) -> TokenTree:
     """Sequences are inserted in trie order (sorted by token ids), so each one shares with the
     one before it every node it can share, and nodes come out in depth-first preorder."""
     sequences = [(ids, b, o) for b, branch in enumerate(branches) for o, ids in enumerate(branch.option_ids)]
-    num_shared = _shared_by_all([ids for ids, _, _ in sequences])
-    sequences.sort(key=lambda sequence: sequence[0][num_shared:])  # stable: equal sequences keep their order
+    num_trunk = _trunk_length(branches)
+    sequences.sort(key=lambda sequence: sequence[0][num_trunk:])  # stable: equal sequences keep their order
     builder = _Builder([], [], [], [])
     scored_nodes: list[int] = []
     scored_targets: list[int] = []
@@ -98,7 +98,7 @@ def build_tree(branches: list[Branch]) -> TokenTree:
     is_question: set[int] = set()  # nodes before some branch point
     for ids, branch_index, option_index in sequences:
         branch = branches[branch_index]
-        shared = _common_prefix(previous, ids, num_shared, branch.branch_point) if previous else 0
+        shared = _common_prefix(previous, ids, num_trunk, branch.branch_point) if previous else 0
         builder.extend(path, ids, shared)
         # path[:min(shared, previous_branch_point)] was marked with the previous sequence
         is_question.update(path[min(shared, previous_branch_point) : branch.branch_point])
@@ -112,7 +112,6 @@ def build_tree(branches: list[Branch]) -> TokenTree:
             slot_nodes.append(path[-1])
             slot_branch.append(branch_index)
     builder.extend(path, [], 0)  # closes the last path
-    num_trunk = min([num_shared] + [b.branch_point for b in branches])
     return TokenTree(
         branches=branches,
         token_ids=builder.token_ids,
@@ -130,16 +129,18 @@ def build_tree(branches: list[Branch]) -> TokenTree:
     )
 
 
-def _shared_by_all(sequences: list[list[int]]) -> int:
-    """Length of the prefix every sequence shares (one C-speed comparison per sequence while
-    the first sequence's prefix holds; bisection below it)."""
-    if not sequences:
+def _trunk_length(branches: list[Branch]) -> int:
+    """Tokens every sequence shares, capped at the shortest branch point (the trunk). A branch's
+    sequences share its first branch_point tokens, so each branch's first sequence is compared
+    with the first branch's, once, at C speed (bisection only where they differ)."""
+    if not branches:
         return 0
-    first, shared = sequences[0], len(sequences[0])
-    for ids in sequences[1:]:
-        shared = min(shared, len(ids))
+    first = branches[0].option_ids[0]
+    shared = min(b.branch_point for b in branches)
+    for branch in branches[1:]:
+        ids = branch.option_ids[0]
         if first[:shared] != ids[:shared]:
-            low, high = 0, shared - 1
+            low, high = 0, min(shared, len(ids)) - 1
             while low < high:
                 middle = (low + high + 1) // 2
                 if first[:middle] == ids[:middle]:
