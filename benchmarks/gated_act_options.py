@@ -3,7 +3,6 @@
     python3 benchmarks/gated_act_options.py [--rows 15872] [--intermediate 15360] [--out FILE.json]
       gate_up [rows, 2 x intermediate] bf16 (random) --gated_act_fp8_kernel, per num_warps-->
           e4m3 [rows, intermediate] + scale [rows]; each variant's bits against the shipped launch
-      the two-sweep kernel (gated_act_fp8(chunk=...)) per chunk and num_warps, bit-checked too;
       also: gated_act then quantize_rows (the two-kernel path it replaced), and a plain copy of
       gate_up (what the memory system gives for the bytes read), as GB/s of bytes moved.
 
@@ -28,7 +27,6 @@ from kernel_bench import bench  # noqa: E402
 from engine.kernels import fp8_matmul, gated_act  # noqa: E402
 
 NUM_WARPS = (4, 8, 16, 32)
-CHUNKED = [(chunk, warps) for chunk in (1024, 2048, 4096) for warps in (4, 8)]  # the two-sweep kernel
 
 
 def launch(gate_up: torch.Tensor, num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,19 +62,6 @@ def main() -> None:
             print(rows[-1], flush=True)
             continue
         rows.append({"variant": f"gated_act_fp8 num_warps={num_warps}", "ms": seconds * 1e3, "gb_per_s": moved / seconds / 1e9,
-                     "bit_identical": bool(torch.equal(xq.view(torch.uint8), shipped[0].view(torch.uint8))
-                                           and torch.equal(scale, shipped[1]))})
-        print(rows[-1], flush=True)
-    for chunk, num_warps in CHUNKED:
-        name = f"chunked {chunk} num_warps={num_warps}"
-        try:
-            xq, scale = gated_act.gated_act_fp8(gate_up, "gelu_pytorch_tanh", chunk=chunk, num_warps=num_warps)
-            seconds = bench(lambda c=chunk, w=num_warps: gated_act.gated_act_fp8(gate_up, "gelu_pytorch_tanh", chunk=c, num_warps=w))
-        except Exception as error:  # a launch the compiler refuses is reported, not fatal
-            rows.append({"variant": name, "error": repr(error)[:300]})
-            print(rows[-1], flush=True)
-            continue
-        rows.append({"variant": name, "ms": seconds * 1e3, "gb_per_s": moved / seconds / 1e9,
                      "bit_identical": bool(torch.equal(xq.view(torch.uint8), shipped[0].view(torch.uint8))
                                            and torch.equal(scale, shipped[1]))})
         print(rows[-1], flush=True)

@@ -5,9 +5,6 @@
         y = round(round(act(gate)) * up)   # act in fp32 rounded to the dtype, then the product
       ──gated_act_fp8_kernel (one program per row)──> quantize_rows(y): e4m3 [T, I], scale [T]
         (down_proj an Fp8Weight: y never goes to memory in bf16)
-      or gated_act_fp8_chunked_kernel (chunk=...): the same bits in two sweeps of CHUNK
-        columns (amax, then values; the second reads gate_up again, from L2 mostly), so a
-        program holds CHUNK columns, not a whole row, and more programs fit on an SM
 
 Why: torch runs the activation and the product as two kernels (read I, write I; read 2I,
 write I per row); this reads 2I and writes I once: 3 of 5 passes over [T, I].
@@ -85,27 +82,6 @@ def gated_act_fp8_kernel(
     store_row(y, xq_ptr, scale_ptr, row, cols, cols < I, I, True, FP8_MAX_, MIN_AMAX_)
 
 
-@jit
-def gated_act_fp8_chunked_kernel(
-    x_ptr, xq_ptr, scale_ptr, stride_x, I, ACT: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
-    NUM_CHUNKS: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
-):
-    """gated_act_fp8_kernel's output, bit for bit (y is the same elementwise value, the amax a
-    max), one row per program in CHUNK-column sweeps."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, CHUNK)
-    amax = tl.zeros([CHUNK], dtype=tl.float32)
-    for chunk in range(NUM_CHUNKS):
-        y = _chunk_of_y(x_ptr, row, stride_x, chunk * CHUNK + offs, I, ACT, C)
-        amax = tl.maximum(amax, tl.abs(y))
-    scale = row_scale(tl.max(amax, axis=0), FP8_MAX_, MIN_AMAX_)
-    for chunk in range(NUM_CHUNKS):
-        cols = chunk * CHUNK + offs
-        y = _chunk_of_y(x_ptr, row, stride_x, cols, I, ACT, C)
-        tl.store(xq_ptr + row * I + cols, scaled(y, scale, FP8_MAX_).to(xq_ptr.dtype.element_ty), mask=cols < I)
-    tl.store(scale_ptr + row, scale)
-
-
 def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     """Triton version of gated_act_reference; gate_up [T, 2I] with a contiguous last dim."""
     if not HAS_TRITON:
@@ -132,13 +108,13 @@ def _fp8_num_warps(block: int) -> int:
 
 
 def gated_act_fp8(
-    gate_up: torch.Tensor, activation: str, chunk: int | None = None, num_warps: int | None = None
+    gate_up: torch.Tensor, activation: str, num_warps: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows(gated_act(gate_up)) in one kernel: -> (e4m3 [T, I], scale [T] fp32), the
     input of fp8_matmul for a down projection held as an Fp8Weight (no [T, I] bf16 round trip).
-    chunk / num_warps: the launch, the same bits whatever they are. chunk None (the engine's
-    launch, as measured in the runs of record): the whole row at once; the chunked kernel is
-    not yet timed on a GPU (benchmarks/gated_act_options.py compares the two)."""
+    The whole row per program; num_warps: the launch (the same bits whatever it is). A
+    two-sweep variant (CHUNK columns at a time) was slower at every chunk tried, 0.60-0.68 vs
+    0.39 ms (results/2026-12-01-gated-act-options-0af8ef9.json), and was removed."""
     if not HAS_TRITON:
         raise RuntimeError("gated_act_fp8: Triton is not installed")
     if gate_up.stride(-1) != 1:
@@ -146,13 +122,7 @@ def gated_act_fp8(
     num_rows, num_cols = gate_up.shape[0], gate_up.shape[1] // 2
     xq = torch.empty(num_rows, num_cols, dtype=FP8_DTYPE, device=gate_up.device)
     scale = torch.empty(num_rows, dtype=torch.float32, device=gate_up.device)
-    if num_rows and chunk is not None:
-        gated_act_fp8_chunked_kernel[(num_rows,)](
-            gate_up, xq, scale, gate_up.stride(0), num_cols, ACT=GATED_ACTIVATIONS[activation], C=GELU_TANH_C,
-            CHUNK=chunk, NUM_CHUNKS=triton_cdiv(num_cols, chunk), FP8_MAX_=FP8_MAX, MIN_AMAX_=MIN_AMAX,
-            num_warps=num_warps or 4,
-        )
-    elif num_rows:
+    if num_rows:
         block = row_block(num_cols)
         gated_act_fp8_kernel[(num_rows,)](
             gate_up, xq, scale, gate_up.stride(0), num_cols, ACT=GATED_ACTIVATIONS[activation], C=GELU_TANH_C,
