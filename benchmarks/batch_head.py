@@ -15,7 +15,8 @@
           and, per pass, packing and mask milliseconds
 
 On CUDA the masks' torch part (block lists, argsort, BlockMask) runs on the GPU, so the masks
-column overstates the host share there; packing is host work either way. Feature-detected, so
+column overstates the host share there; packing is host work either way. In `bits` mode the
+packer still computes the subtree ends (not needed there; not subtracted). Feature-detected, so
 the same file also runs at commits before the subtree masks (only `bits` then).
 Needs .data/benchmarks/<workload>-texts.json (benchmarks/make_<workload>_workload.py).
 """

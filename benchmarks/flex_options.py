@@ -77,7 +77,7 @@ def time_variant(q, k, v, masks, scale, window, options, repeats=20):
     return (time.perf_counter() - start) / repeats, out
 
 
-class _NoBitLookup(attention_cuda.TreeBlockMasks):
+class _NoMaskLookup(attention_cuda.TreeBlockMasks):
     """The same block lists; inside a partial block every key is kept (no lookup at all)."""
 
     def _mask_mod(self, window):
@@ -154,7 +154,7 @@ def main() -> None:
                          "note": "one mask bit read per (row, column), as before the subtree ends"})
             print(rows[-1], flush=True)
             fields = {f.name: getattr(masks, f.name) for f in dataclasses.fields(masks) if not f.name.startswith("_")}  # own caches
-            probe = _NoBitLookup(**fields)
+            probe = _NoMaskLookup(**fields)
             seconds, _ = time_variant(q, k, v, probe, scale, window, variants[next(iter(variants))])
             rows.append({"variant": "probe_no_bit_lookup", "window": window, "ms": seconds * 1e3, **counts,
                          "tile_tflops": tile_tflops(counts, heads, dim, seconds),

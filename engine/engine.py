@@ -51,7 +51,7 @@ from spinf_jobs.templates import parse_template
 # the next packing. H200 timelines (docs/performance.md): 2,048 and, for fp8, 4,096 tokens left
 # the GPU waiting (65 and 59 ms idle); 8,192 is ~0.18 s of fp8 GPU work.
 FIRST_PASS_TOKENS = 8192
-ENGINE_VERSION = "0.2.0"  # bump when a change can move any score (0.2.0: tree nodes in preorder)
+ENGINE_VERSION = "0.3.0"  # bump when a change can move any score (0.2.0: tree nodes in preorder; 0.3.0: siblings in order of first appearance)
 # the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
 # + the row log-sum-exp kernel for log-softmax at the scored rows
 CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel+gated-act+norm-fp8"

@@ -3,8 +3,12 @@
     (prefix, [suffix, ...]) --Tokenize.continuations--> [tokenizer(prefix + suffix), ...]
 
     prefix --tokenize once (offsets, word ids)--> cut: token k at char c, safe and checked
-    [prefix[c:] + suffix, ...] --one batched call, no special tokens--> tails
-    result = (lead special tokens) + prefix_ids[:k] + tail          (else: whole strings)
+    suffix --suffix_cut (once per distinct suffix, cached)--> junction J (suffix[:p]) + tail
+        ids (suffix[p:] tokenized alone), when p is a cut no text before the suffix can move
+    [prefix[c:] + J + suffix[p], ...] (one per distinct junction) and [prefix[c:] + suffix, ...]
+        (suffixes without a cut) --one batched call, no special tokens--> junction / tail ids
+    result = (lead special tokens) + prefix_ids[:k] + junction ids + suffix tail ids
+           | (lead special tokens) + prefix_ids[:k] + tail             (else: whole strings)
 
 The engine scores exactly `tokenizer(prefix + suffix)`: tokenizers merge across the
 boundary, so separately tokenized parts are not enough. But an appended suffix can only
@@ -39,6 +43,27 @@ Any other tokenizer (another normaliser or pre-tokenizer, BPE dropout, a post-pr
 that appends tokens, added tokens that strip spaces) always gets whole-string tokenization.
 Every cut is also checked at run time: `tokenizer(prefix[c:])` must give `prefix_ids[k:]`,
 else whole strings. Special tokens (Gemma's BOS without a chat template) go on the head only.
+
+Suffix cuts: the question templates follow every content, so a suffix is also cut, at the
+first char p where NO text before it can change the tokens from p on (the junction rule),
+and suffix[p:] is tokenized once and kept. Each content then tokenizes only its prefix tail
+plus the junction suffix[:p] (news and moderation: two newlines, shared by every question), with
+the char at p appended as a sentinel, and keeps the tokens that start before p:
+  - regex pre-tokenizers: suffix[p-1] is a line break (CR or LF) and suffix[p] is ASCII, not
+    whitespace. No alternative of the three regexes matches a newline followed by a
+    non-whitespace char (the newline alternatives end at the newline run, the punctuation one
+    takes newlines only at its end, the letter one may not start with a newline), so every
+    chunk ends at p whatever came before, and matching restarts at p (no lookbehind). The
+    sentinel keeps the chunk before p as the whole string has it: GPT-2's "whitespace not followed by
+    a non-space" alternative ends a run differently at the end of the text. NFC composes
+    nothing across a line break.
+  - Gemma (BPE over whole segments): no vocab token holds the pair suffix[p-1] + suffix[p]
+    (" " read as "▁"), and both are single-char tokens (no byte fallback): no merge can ever
+    join the two sides, so each merges as it would alone.
+  - added tokens are matched on the raw text first: a cut is refused when some added token
+    could start before p and end after it (a proper tail of it begins suffix[p:]).
+Every suffix cut is also checked once: with an empty prefix the parts must give
+`tokenizer(suffix)`, else that suffix is tokenized with each prefix tail as before.
 """
 
 from __future__ import annotations
@@ -50,6 +75,7 @@ from dataclasses import dataclass, field
 MIN_PREFIX_CHARS = 256  # shorter prefixes are tokenized whole: a cut would save little
 MIN_TAIL_CHARS = 16  # the prefix tail tokenized again with every suffix is at least this long
 MAX_NUM_CANDIDATES = 64  # tokens tried, back from the end, before giving up on a cut
+MAX_NUM_SUFFIX_CUTS = 16384  # distinct suffixes whose cut and tail ids are kept (oldest dropped)
 SPACE_PIECE = "\u2581"  # SentencePiece's "▁": Gemma's normaliser writes it for " "
 # The pre-tokenizer regexes whose chunk boundaries are known to be stable (see above).
 QWEN2_REGEX = (
@@ -69,6 +95,7 @@ class CutRules:
     lead_ids: tuple[int, ...]  # what add_special_tokens puts before the text (Gemma's BOS)
     added_ids: frozenset[int]  # added tokens split the text before normalisation
     min_tail_chars: int  # longer than any added token: none can straddle the cut
+    added_tails: frozenset[str]  # every proper tail of an added token's text (suffix cuts)
     backend: object  # the tokenizers.Tokenizer (Gemma's rule reads its vocab, once, lazily)
 
     def is_safe(self, prefix: str, ids: list[int], offsets: list, words: list, k: int) -> bool:
@@ -88,6 +115,19 @@ class CutRules:
             and before not in chars_before_piece(self.backend)
         )
 
+    def is_junction(self, text: str, p: int) -> bool:
+        """Can `text` be cut before char p (0 < p < len) whatever is put before it? (The
+        module docstring has the rules.)"""
+        before, at = text[p - 1], text[p]
+        if self.is_regex:
+            is_free = before in "\r\n" and at.isascii() and not at.isspace()
+        else:
+            before, at = (SPACE_PIECE if ch == " " else ch for ch in (before, at))
+            model = self.backend.model
+            is_free = (before + at not in vocab_pairs(self.backend) and model.token_to_id(before) is not None
+                       and model.token_to_id(at) is not None)
+        return is_free and not any(text[p : p + size] in self.added_tails for size in range(1, self.min_tail_chars))
+
     def _is_stable_chunk_start(self, prefix: str, ids: list[int], words: list, k: int, start: int) -> bool:
         if words[k] == words[k - 1] or (self.is_nfc and not prefix[start].isascii()):
             return False
@@ -102,13 +142,22 @@ class Cut:
 
 
 @dataclass(frozen=True, slots=True)
+class SuffixCut:
+    junction: str  # suffix[:p + 1]: what each prefix tail is tokenized with (the char at p: a sentinel)
+    tail_ids: list[int]  # tokenizer(suffix[p:]), no special tokens
+
+
+@dataclass(frozen=True, slots=True)
 class Tokenize:
     tokenizer: object  # a HF fast tokenizer, not changed afterwards (its rules are read once)
     add_special_tokens: bool  # True only without a chat template (the template renders BOS itself)
+    cut_suffixes: bool = True  # False: every suffix is tokenized with each prefix tail (benchmarks)
     rules: CutRules | None = field(init=False, repr=False, compare=False)  # None: never cut
+    _suffix_cuts: dict = field(init=False, repr=False, compare=False)  # suffix -> SuffixCut | None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", cut_rules(self.tokenizer))
+        object.__setattr__(self, "_suffix_cuts", {})
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
@@ -119,8 +168,46 @@ class Tokenize:
         if cut is None:
             return self([prefix + suffix for suffix in suffixes])
         tail = prefix[cut.start :]
+        splits = [self.suffix_cut(suffix) for suffix in suffixes] if self.cut_suffixes else [None] * len(suffixes)
+        junctions = list(dict.fromkeys(split.junction for split in splits if split is not None))
+        whole = [index for index, split in enumerate(splits) if split is None]
+        encoding = self.tokenizer([tail + junction for junction in junctions] + [tail + suffixes[i] for i in whole],
+                                  add_special_tokens=False, return_offsets_mapping=bool(junctions))
+        ids = encoding["input_ids"]
+        heads = {junction: _before(ids[n], encoding["offset_mapping"][n], len(tail) + len(junction) - 1)
+                 for n, junction in enumerate(junctions)}
+        if any(head is None for head in heads.values()):  # a token across p: the rules should make this impossible
+            return self._without_suffix_cuts(cut, tail, suffixes)
+        results = [None if split is None else cut.head_ids + heads[split.junction] + split.tail_ids for split in splits]
+        for index, tail_ids in zip(whole, ids[len(junctions) :]):
+            results[index] = cut.head_ids + tail_ids
+        return results
+
+    def _without_suffix_cuts(self, cut: Cut, tail: str, suffixes: list[str]) -> list[list[int]]:
         tails = self.tokenizer([tail + suffix for suffix in suffixes], add_special_tokens=False)["input_ids"]
         return [cut.head_ids + ids for ids in tails]
+
+    def suffix_cut(self, suffix: str) -> SuffixCut | None:
+        """Where `suffix` splits into a junction (tokenized with each prefix) and a tail
+        (tokenized once, kept); None: it is tokenized whole with each prefix tail."""
+        cache = self._suffix_cuts
+        if suffix not in cache:
+            if len(cache) >= MAX_NUM_SUFFIX_CUTS:
+                del cache[next(iter(cache))]
+            cache[suffix] = self._find_suffix_cut(suffix)
+        return cache[suffix]
+
+    def _find_suffix_cut(self, suffix: str) -> SuffixCut | None:
+        rules = self.rules
+        p = next((p for p in range(1, len(suffix)) if rules.is_junction(suffix, p)), None) if rules else None
+        if p is None:
+            return None
+        whole, tail = self.tokenizer([suffix, suffix[p:]], add_special_tokens=False)["input_ids"]
+        junction = self.tokenizer(suffix[: p + 1], add_special_tokens=False, return_offsets_mapping=True)
+        head = _before(junction["input_ids"], junction["offset_mapping"], p)
+        if head is None or head + tail != whole:
+            return None  # the rules should make this impossible; the suffix stays whole
+        return SuffixCut(suffix[: p + 1], tail)
 
     def find_cut(self, prefix: str) -> Cut | None:
         """The last safe cut at least `min_tail_chars` before the end, checked; None: none found."""
@@ -145,6 +232,16 @@ class Tokenize:
         return Cut(lead + ids[:k], start)
 
 
+def _before(ids: list[int], offsets: list, boundary: int) -> list[int] | None:
+    """The tokens that start before char `boundary`, or None if one of them ends past it."""
+    num = 0
+    while num < len(ids) and offsets[num][0] < boundary:
+        num += 1
+    if num and offsets[num - 1][1] > boundary:
+        return None
+    return ids[:num]
+
+
 def cut_rules(tokenizer) -> CutRules | None:
     """The cut rules of a tokenizer whose pipeline is one we can reason about, else None."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -166,6 +263,7 @@ def cut_rules(tokenizer) -> CutRules | None:
         "lead_ids": lead_ids,
         "added_ids": frozenset(added),
         "min_tail_chars": max(MIN_TAIL_CHARS, max_added_chars + 1),
+        "added_tails": frozenset(t.content[i:] for t in added.values() for i in range(1, len(t.content))),
         "is_nfc": is_nfc,
         "backend": backend,
     }
@@ -231,6 +329,16 @@ def _is_plain_bpe(model) -> bool:
 
 
 _CHARS_BEFORE_PIECE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> chars
+_VOCAB_PAIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> adjacent char pairs
+
+
+def vocab_pairs(backend) -> frozenset[str]:
+    """Every two adjacent chars inside some vocab token: where a BPE merge may join two chars.
+    Read once per tokenizer (~1 s for Gemma's 262k tokens), on the first suffix cut."""
+    if backend not in _VOCAB_PAIRS:
+        vocab = backend.get_vocab(with_added_tokens=False)
+        _VOCAB_PAIRS[backend] = frozenset(token[i : i + 2] for token in vocab for i in range(len(token) - 1))
+    return _VOCAB_PAIRS[backend]
 
 
 def chars_before_piece(backend) -> frozenset[str]:

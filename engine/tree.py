@@ -4,9 +4,9 @@
 
 The rendered content is the trunk every sequence shares; each (query, combination) is a
 branch, each option a leaf; sequences that share a prefix share its nodes. Nodes are
-listed in depth-first preorder (sequences inserted sorted), so parents come first and every
-subtree is one interval of nodes: the tree can be read in one pass with a tree attention
-mask, and on CUDA that mask is one comparison with the key's subtree end.
+listed in depth-first preorder (siblings in order of first appearance), so parents come first
+and every subtree is one interval of nodes: the tree can be read in one pass with a tree
+attention mask, and on CUDA that mask compares a row with the key and the key's subtree end.
 A node's depth is its position in the whole sequence it belongs to, which is what RoPE
 sees, so every branch reads exactly the positions it would read alone.
 """
@@ -80,11 +80,12 @@ class _Builder:
 
 
 def build_tree(branches: list[Branch]) -> TokenTree:
-    """Sequences are inserted in trie order (sorted by token ids), so each one shares with the
-    one before it every node it can share, and nodes come out in depth-first preorder."""
+    """Sequences are inserted in the depth-first order of their trie (_trie_order), so each one
+    shares with the one before it every node it can share, and nodes come out in preorder."""
     sequences = [(ids, b, o) for b, branch in enumerate(branches) for o, ids in enumerate(branch.option_ids)]
     num_trunk = _trunk_length(branches)
-    sequences.sort(key=lambda sequence: sequence[0][num_trunk:])  # stable: equal sequences keep their order
+    sequences = [sequences[i] for i in _trie_order([s[0] for s in sequences], num_trunk,
+                                                   [branches[s[1]].branch_point for s in sequences])]
     builder = _Builder([], [], [], [])
     scored_nodes: list[int] = []
     scored_targets: list[int] = []
@@ -129,10 +130,42 @@ def build_tree(branches: list[Branch]) -> TokenTree:
     )
 
 
+def _trie_order(sequences: list[list[int]], num_shared: int, hints: list[int]) -> list[int]:
+    """Indices of `sequences` in the depth-first order of their trie, siblings in order of first
+    appearance: sequences that share a prefix are contiguous (so nodes come out in preorder),
+    and where they go depends on the sequences listed before them, not on token ids (a tree's
+    first query is laid out as it is alone). All share their first `num_shared` tokens; hints:
+    a guess of each one's shared length (its branch point).
+    Sorting by tokens groups the sequences; the groups, split where neighbours share least,
+    are then ordered by their first sequence, level by level."""
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i][num_shared:])  # stable
+    shared = [_common_prefix(sequences[a], sequences[b], num_shared, min(hints[a], hints[b]))
+              for a, b in zip(order, order[1:])]
+    emitted: list[int] = []
+    pending = [(0, len(order) - 1)]  # ranges of `order` sharing a prefix, last one on top
+    while pending:
+        low, high = pending.pop()
+        if low == high:
+            emitted.append(order[low])
+            continue
+        depth = min(shared[low:high])
+        groups, start = [], low
+        for k in range(low, high):
+            if shared[k] == depth:  # the two sides part at `depth`
+                groups.append((start, k))
+                start = k + 1
+        groups.append((start, high))
+        groups.sort(key=lambda group: min(order[group[0] : group[1] + 1]))
+        pending += reversed(groups)
+    return emitted
+
+
 def _trunk_length(branches: list[Branch]) -> int:
     """Tokens every sequence shares, capped at the shortest branch point (the trunk). A branch's
-    sequences share its first branch_point tokens, so each branch's first sequence is compared
-    with the first branch's, once, at C speed (bisection only where they differ)."""
+    sequences share its first branch_point tokens (compiler.make_branch makes it so), so each
+    branch's first sequence is compared with the first one's, once, at C speed (bisection only
+    where they differ)."""
+    branches = [branch for branch in branches if branch.option_ids]
     if not branches:
         return 0
     first = branches[0].option_ids[0]

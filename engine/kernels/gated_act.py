@@ -23,7 +23,7 @@ import torch
 from transformers.activations import ACT2FN
 
 from engine.kernels._triton import HAS_TRITON, jit, tl
-from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, row_block, row_scale, scaled, store_row
+from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, row_block, store_row
 from engine.kernels.matmul import triton_cdiv
 
 # ACT2FN names the kernel computes -> its ACT constant
@@ -114,7 +114,7 @@ def gated_act_fp8(
     input of fp8_matmul for a down projection held as an Fp8Weight (no [T, I] bf16 round trip).
     The whole row per program; num_warps: the launch (the same bits whatever it is). A
     two-sweep variant (CHUNK columns at a time) was slower at every chunk tried, 0.60-0.68 vs
-    0.39 ms (results/2026-12-01-gated-act-options-0af8ef9.json), and was removed."""
+    0.39 ms (benchmarks/results/2026-12-01-gated-act-options-0af8ef9.json), and was removed."""
     if not HAS_TRITON:
         raise RuntimeError("gated_act_fp8: Triton is not installed")
     if gate_up.stride(-1) != 1:

@@ -1,7 +1,7 @@
 """The flex_attention block mask (engine/attention_cuda.py) against per-span SDPA.
 
-On CPU flex_attention runs eagerly, so the mask construction (bits, span tables, block
-classification, sliding windows) is checked here; the gpu tests check the compiled kernel
+On CPU flex_attention runs eagerly, so the mask construction (subtree ends, or bits and span
+tables for a dense mask; block classification; sliding windows) is checked here; the gpu tests check the compiled kernel
 and that a content's attention is bit-identical alone and packed.
 """
 

@@ -170,3 +170,37 @@ def test_an_unknown_pre_tokenizer_is_never_cut():
     prefix, suffixes = "abc " * 100, ["def", " x"]
     assert tokenize.rules is None and tokenize.find_cut(prefix) is None
     assert tokenize.continuations(prefix, suffixes) == _whole(tokenizer, prefix, suffixes, False)
+
+
+CLOSINGS = ("<|im_end|>\n<|im_start|>assistant\n", "<end_of_turn>\n<start_of_turn>model\n", "\nAnswer:", "")
+
+
+def test_suffix_cuts_hold_whatever_text_comes_before(tokenizer):
+    """Question suffixes are cut once and their tails reused under every prefix: fuzzed prefixes
+    (nasty endings, split special tokens) x question-like suffixes must equal whole strings."""
+    rng = random.Random(11)
+    tokenize = Tokenize(tokenizer, add_special_tokens=False)
+    suffixes = [QUESTION + option for option in (" yes", " no", "")]
+    suffixes += [f"\n\n{word} it?{closing} {option}" for word in ("Is", "Does", "Why", "1st", "(a)") for closing in CLOSINGS
+                 for option in ("yes", "no")]
+    suffixes += ["\r\nA\n", "\nQ", "x\nQuestion: ok\nAnswer:", "\u0301\nQuestion", "\n\u00e9t\u00e9?"]
+    for _ in range(150):
+        prefix, _ = _case(rng)
+        assert tokenize.continuations(prefix, suffixes) == _whole(tokenizer, prefix, suffixes, False), prefix
+    split = tokenize.suffix_cut(QUESTION + " yes")
+    assert split is not None and split.junction == "\n\nQ"  # every question shares the junction
+    assert sum(tokenize.suffix_cut(s) is not None for s in suffixes) >= len(suffixes) // 2
+
+
+def test_an_added_token_that_could_reach_over_a_suffix_cut_refuses_it():
+    """An added token "x\\nQue" is matched on the raw text first: after a prefix ending in "x"
+    it spans the place a suffix "\\nQuestion..." would otherwise be cut (before "Q")."""
+    tokenizer = copy.deepcopy(_load("smollm2-135m-instruct"))
+    tokenizer.add_tokens(["x\nQue"])
+    tokenize = Tokenize(tokenizer, add_special_tokens=False)
+    suffix = "\nQuestion: is it?\nAnswer:"
+    split = tokenize.suffix_cut(suffix)
+    assert tokenize.rules is not None and split is not None and split.junction == "\nQuestion: is it?\nA"
+    prefix = "The market rose on Monday. " * 12 + "x"
+    assert tokenize.find_cut(prefix) is not None
+    assert tokenize.continuations(prefix, [suffix]) == _whole(tokenizer, prefix, [suffix], False)

@@ -97,3 +97,15 @@ def test_questions_that_share_words_out_of_order_share_nodes():
     tree = build_tree(branches)
     assert tree.num_tokens == 3 + 1 + 1 + 1 + 1 + 1 + 6  # trunk, 10, 11, 12, 13, 14, two options each
     assert tree.subtree_end[3] == tree.num_tokens  # node "10" holds every question
+
+
+def test_the_first_query_is_laid_out_as_it_is_alone():
+    """Siblings go in order of first appearance, not of token ids: a query listed first keeps
+    its rows when queries with smaller token ids come after it (a pack's after a caller's)."""
+    trunk = [5, 6, 7]
+    first = Branch(0, 0, {}, "", [trunk + [40, 41, 90], trunk + [40, 41, 91]], len(trunk) + 2, None)
+    later = [Branch(i, 0, {}, "", [trunk + [40 - i, 90], trunk + [40 - i, 91]], len(trunk) + 1, None) for i in (1, 2)]
+    alone, merged = build_tree([first]), build_tree([first, *later])
+    assert merged.token_ids[: alone.num_tokens] == alone.token_ids and merged.parents[: alone.num_tokens] == alone.parents
+    assert merged.scored_nodes[: len(alone.scored_nodes)] == alone.scored_nodes
+    assert merged.subtree_end[3] == alone.num_tokens  # "40" closes before the later questions begin
