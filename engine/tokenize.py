@@ -63,7 +63,9 @@ the char at p appended as a sentinel, and keeps the tokens that start before p:
   - added tokens are matched on the raw text first: a cut is refused when some added token
     could start before p and end after it (a proper tail of it begins suffix[p:]).
 Every suffix cut is also checked once: with an empty prefix the parts must give
-`tokenizer(suffix)`, else that suffix is tokenized with each prefix tail as before.
+`tokenizer(suffix)`, else that suffix is tokenized with each prefix tail as before. A prefix
+too short to cut (a short message) is all tail: it is tokenized once with each junction, and
+the lead special tokens go in front, as the post-processor puts them (checked in cut_rules).
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ class Tokenize:
     def continuations(self, prefix: str, suffixes: list[str]) -> list[list[int]]:
         """tokenizer(prefix + suffix) for each suffix; the prefix is tokenized once."""
         cut = self.find_cut(prefix) if suffixes else None
+        if cut is None and self.cut_suffixes and self.rules is not None and suffixes:
+            cut = Cut(list(self.rules.lead_ids) if self.add_special_tokens else [], 0)  # a short prefix: all tail
         if cut is None:
             return self([prefix + suffix for suffix in suffixes])
         tail = prefix[cut.start :]

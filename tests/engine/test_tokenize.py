@@ -184,9 +184,14 @@ def test_suffix_cuts_hold_whatever_text_comes_before(tokenizer):
     suffixes += [f"\n\n{word} it?{closing} {option}" for word in ("Is", "Does", "Why", "1st", "(a)") for closing in CLOSINGS
                  for option in ("yes", "no")]
     suffixes += ["\r\nA\n", "\nQ", "x\nQuestion: ok\nAnswer:", "\u0301\nQuestion", "\n\u00e9t\u00e9?"]
+    with_specials = Tokenize(tokenizer, add_special_tokens=True)
     for _ in range(150):
         prefix, _ = _case(rng)
         assert tokenize.continuations(prefix, suffixes) == _whole(tokenizer, prefix, suffixes, False), prefix
+        short = prefix[len(prefix) - rng.randint(0, MIN_PREFIX_CHARS - 1) :]  # a short message: all tail
+        assert tokenize.find_cut(short) is None
+        for flag, tokenizes in ((False, tokenize), (True, with_specials)):
+            assert tokenizes.continuations(short, suffixes) == _whole(tokenizer, short, suffixes, flag), (short, flag)
     split = tokenize.suffix_cut(QUESTION + " yes")
     assert split is not None and split.junction == "\n\nQ"  # every question shares the junction
     assert sum(tokenize.suffix_cut(s) is not None for s in suffixes) >= len(suffixes) // 2
