@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (through the device tool): install the carried wheels, then run
 # the stages named in $@ (tests, kernels, flex, gatedact, throughput:<model>:<workload>[:extra args],
-# parity:<model>).
+# parity:<model>, worker:<model>:<workload>[:extra args]: also needs the .whl-worker wheels).
 # Logs and results go to $OUT (the tool brings them back). See docs/performance.md.
 # STAGE_TIMEOUT (seconds, default 3000) bounds each stage, so a stage that runs long still ends
 # before the call's limit and the stages' files come back; PROFILE=0 skips the per-op profiles.
@@ -23,6 +23,8 @@ for stage in "$@"; do
     gatedact) python3 benchmarks/gated_act_options.py --out "$OUT/gated-act-$num.json" 2>&1 | grep -v Warning | tail -20 ;;
     throughput) profile=(); [ "${PROFILE:-1}" = 0 ] || profile=(--profile "$OUT/profile-$workload-$model-$num.txt")
       TORCH_LOGS=recompiles timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" "${profile[@]}" $extra 2>&1 | tee "$OUT/throughput-$workload-$model-$num.log" | grep -v Warning | tail -40 ;;
+    worker) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-worker/*.whl || exit 1
+      timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/worker_throughput.py --model "$model" --workload "$workload" --commit "${COMMIT:-unknown}" $extra 2>&1 | tee "$OUT/worker-$workload-$model-$num.log" | grep -v Warning | tail -20 ;;
     parity) python3 benchmarks/gpu_parity.py --model "$model" --layer-std 0.5 --logit-std 4 1 $extra --out "$OUT/parity-$model$workload.json" 2>&1 | tee "$OUT/parity-$model.log" | tail -20 ;;
   esac
   cp benchmarks/results/*.json benchmarks/results/*.md "$OUT/" 2>/dev/null
