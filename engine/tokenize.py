@@ -55,13 +55,15 @@ the char at p appended as a sentinel, and keeps the tokens that start before p:
     takes newlines only at its end, the letter one may not start with a newline), so every
     chunk ends at p whatever came before, and matching restarts at p (no lookbehind). The
     sentinel keeps the chunk before p as the whole string has it: GPT-2's "whitespace not followed by
-    a non-space" alternative ends a run differently at the end of the text. NFC composes
-    nothing across a line break.
+    a non-space" alternative ends a run differently at the end of the text (or of a segment:
+    hence no cut where an added token starts, below). NFC composes nothing across a line break.
   - Gemma (BPE over whole segments): no vocab token holds the pair suffix[p-1] + suffix[p]
     (" " read as "▁"), and both are single-char tokens (no byte fallback): no merge can ever
     join the two sides, so each merges as it would alone.
   - added tokens are matched on the raw text first: a cut is refused when some added token
-    could start before p and end after it (a proper tail of it begins suffix[p:]).
+    could start before p and end after it (a proper tail of it begins suffix[p:]), or starts
+    at p (then the segment before p ends there in the whole string, but not in the
+    junction's, where the sentinel is a plain char).
 Every suffix cut is also checked once: with an empty prefix the parts must give
 `tokenizer(suffix)`, else that suffix is tokenized with each prefix tail as before. A prefix
 too short to cut (a short message) is all tail: it is tokenized once with each junction, and
@@ -97,7 +99,8 @@ class CutRules:
     lead_ids: tuple[int, ...]  # what add_special_tokens puts before the text (Gemma's BOS)
     added_ids: frozenset[int]  # added tokens split the text before normalisation
     min_tail_chars: int  # longer than any added token: none can straddle the cut
-    added_tails: frozenset[str]  # every proper tail of an added token's text (suffix cuts)
+    max_added_chars: int  # the longest added token's text
+    added_pieces: frozenset[str]  # every added token's text and its proper tails: no suffix cut where one begins
     backend: object  # the tokenizers.Tokenizer (Gemma's rule reads its vocab, once, lazily)
 
     def is_safe(self, prefix: str, ids: list[int], offsets: list, words: list, k: int) -> bool:
@@ -128,7 +131,7 @@ class CutRules:
             model = self.backend.model
             is_free = (before + at not in vocab_pairs(self.backend) and model.token_to_id(before) is not None
                        and model.token_to_id(at) is not None)
-        return is_free and not any(text[p : p + size] in self.added_tails for size in range(1, self.min_tail_chars))
+        return is_free and not any(text[p : p + size] in self.added_pieces for size in range(1, self.max_added_chars + 1))
 
     def _is_stable_chunk_start(self, prefix: str, ids: list[int], words: list, k: int, start: int) -> bool:
         if words[k] == words[k - 1] or (self.is_nfc and not prefix[start].isascii()):
@@ -145,7 +148,8 @@ class Cut:
 
 @dataclass(frozen=True, slots=True)
 class SuffixCut:
-    junction: str  # suffix[:p + 1]: what each prefix tail is tokenized with (the char at p: a sentinel)
+    junction: str  # suffix[:p]: tokenized after each prefix tail, followed by `sentinel`
+    sentinel: str  # suffix[p]: the char after the cut, so the junction's last chunk ends as in the whole string
     tail_ids: list[int]  # tokenizer(suffix[p:]), no special tokens
 
 
@@ -168,21 +172,22 @@ class Tokenize:
         """tokenizer(prefix + suffix) for each suffix; the prefix is tokenized once."""
         cut = self.find_cut(prefix) if suffixes else None
         if cut is None and self.cut_suffixes and self.rules is not None and suffixes:
-            cut = Cut(list(self.rules.lead_ids) if self.add_special_tokens else [], 0)  # a short prefix: all tail
+            cut = Cut(self._lead(), 0)  # a short prefix: all tail
         if cut is None:
             return self([prefix + suffix for suffix in suffixes])
         tail = prefix[cut.start :]
         splits = [self.suffix_cut(suffix) for suffix in suffixes] if self.cut_suffixes else [None] * len(suffixes)
-        junctions = list(dict.fromkeys(split.junction for split in splits if split is not None))
+        junctions = list(dict.fromkeys((split.junction, split.sentinel) for split in splits if split is not None))
         whole = [index for index, split in enumerate(splits) if split is None]
-        encoding = self.tokenizer([tail + junction for junction in junctions] + [tail + suffixes[i] for i in whole],
+        encoding = self.tokenizer([tail + j + sentinel for j, sentinel in junctions] + [tail + suffixes[i] for i in whole],
                                   add_special_tokens=False, return_offsets_mapping=bool(junctions))
         ids = encoding["input_ids"]
-        heads = {junction: _before(ids[n], encoding["offset_mapping"][n], len(tail) + len(junction) - 1)
-                 for n, junction in enumerate(junctions)}
+        heads = {key: _before(ids[n], encoding["offset_mapping"][n], len(tail) + len(key[0]))
+                 for n, key in enumerate(junctions)}
         if any(head is None for head in heads.values()):  # a token across p: the rules should make this impossible
             return self._without_suffix_cuts(cut, tail, suffixes)
-        results = [None if split is None else cut.head_ids + heads[split.junction] + split.tail_ids for split in splits]
+        results = [None if split is None else cut.head_ids + heads[split.junction, split.sentinel] + split.tail_ids
+                   for split in splits]
         for index, tail_ids in zip(whole, ids[len(junctions) :]):
             results[index] = cut.head_ids + tail_ids
         return results
@@ -211,7 +216,7 @@ class Tokenize:
         head = _before(junction["input_ids"], junction["offset_mapping"], p)
         if head is None or head + tail != whole:
             return None  # the rules should make this impossible; the suffix stays whole
-        return SuffixCut(suffix[: p + 1], tail)
+        return SuffixCut(suffix[:p], suffix[p], tail)
 
     def find_cut(self, prefix: str) -> Cut | None:
         """The last safe cut at least `min_tail_chars` before the end, checked; None: none found."""
@@ -232,8 +237,10 @@ class Tokenize:
         [tail_ids] = self.tokenizer([prefix[start:]], add_special_tokens=False)["input_ids"]
         if tail_ids != ids[k:]:
             return None  # the rules should make this impossible; whole strings stay exact
-        lead = list(self.rules.lead_ids) if self.add_special_tokens else []
-        return Cut(lead + ids[:k], start)
+        return Cut(self._lead() + ids[:k], start)
+
+    def _lead(self) -> list[int]:
+        return list(self.rules.lead_ids) if self.add_special_tokens else []
 
 
 def _before(ids: list[int], offsets: list, boundary: int) -> list[int] | None:
@@ -267,7 +274,8 @@ def cut_rules(tokenizer) -> CutRules | None:
         "lead_ids": lead_ids,
         "added_ids": frozenset(added),
         "min_tail_chars": max(MIN_TAIL_CHARS, max_added_chars + 1),
-        "added_tails": frozenset(t.content[i:] for t in added.values() for i in range(1, len(t.content))),
+        "max_added_chars": max_added_chars,
+        "added_pieces": frozenset(t.content[i:] for t in added.values() for i in range(len(t.content))),
         "is_nfc": is_nfc,
         "backend": backend,
     }

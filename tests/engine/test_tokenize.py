@@ -193,7 +193,7 @@ def test_suffix_cuts_hold_whatever_text_comes_before(tokenizer):
         for flag, tokenizes in ((False, tokenize), (True, with_specials)):
             assert tokenizes.continuations(short, suffixes) == _whole(tokenizer, short, suffixes, flag), (short, flag)
     split = tokenize.suffix_cut(QUESTION + " yes")
-    assert split is not None and split.junction == "\n\nQ"  # every question shares the junction
+    assert split is not None and (split.junction, split.sentinel) == ("\n\n", "Q")  # shared by every question
     assert sum(tokenize.suffix_cut(s) is not None for s in suffixes) >= len(suffixes) // 2
 
 
@@ -205,7 +205,21 @@ def test_an_added_token_that_could_reach_over_a_suffix_cut_refuses_it():
     tokenize = Tokenize(tokenizer, add_special_tokens=False)
     suffix = "\nQuestion: is it?\nAnswer:"
     split = tokenize.suffix_cut(suffix)
-    assert tokenize.rules is not None and split is not None and split.junction == "\nQuestion: is it?\nA"
+    assert tokenize.rules is not None and split is not None and split.junction == "\nQuestion: is it?\n"
     prefix = "The market rose on Monday. " * 12 + "x"
     assert tokenize.find_cut(prefix) is not None
     assert tokenize.continuations(prefix, [suffix]) == _whole(tokenizer, prefix, [suffix], False)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_no_suffix_cut_where_an_added_token_starts(name):
+    """An added token right after the line break ends the segment there in the whole string:
+    GPT-2's regex then takes " \n" as one chunk, which a plain sentinel char would split
+    (SmolLM2: prefix "Hello world " + "\n<|im_end|>" gave " " "\n" instead of " \n")."""
+    tokenizer = _load(name)
+    closings = ["\n<|im_end|>", "\n<|im_end|>\n<|im_start|>assistant\nyes", "\n<end_of_turn>\n<start_of_turn>model\nyes"]
+    prefixes = ["Hello world ", "\r", "\n", "x  ", "The market rose on Monday. " * 12 + "\n", "The market rose. " * 20 + " "]
+    for flag in (False, True):
+        tokenize = Tokenize(tokenizer, add_special_tokens=flag)
+        for prefix in prefixes:
+            assert tokenize.continuations(prefix, closings) == _whole(tokenizer, prefix, closings, flag), (prefix, flag)
