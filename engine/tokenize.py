@@ -113,12 +113,7 @@ class CutRules:
         if self.is_regex:
             return self._is_stable_chunk_start(prefix, ids, words, k, start)
         before = prefix[start - 1]
-        return (
-            prefix[start] in (" ", SPACE_PIECE)
-            and before not in (" ", SPACE_PIECE)
-            and self.backend.model.token_to_id(before) is not None  # no byte fallback
-            and before not in chars_before_piece(self.backend)
-        )
+        return prefix[start] in (" ", SPACE_PIECE) and before not in (" ", SPACE_PIECE) and self._never_merged(before, " ")
 
     def is_junction(self, text: str, p: int) -> bool:
         """Can `text` be cut before char p (0 < p < len) whatever is put before it? (The
@@ -127,11 +122,16 @@ class CutRules:
         if self.is_regex:
             is_free = before in "\r\n" and at.isascii() and not at.isspace()
         else:
-            before, at = (SPACE_PIECE if ch == " " else ch for ch in (before, at))
-            model = self.backend.model
-            is_free = (before + at not in vocab_pairs(self.backend) and model.token_to_id(before) is not None
-                       and model.token_to_id(at) is not None)
+            is_free = self._never_merged(before, at)
         return is_free and not any(text[p : p + size] in self.added_pieces for size in range(1, self.max_added_chars + 1))
+
+    def _never_merged(self, before: str, at: str) -> bool:
+        """BPE over whole segments (Gemma): no vocab token holds the two chars side by side (" "
+        read as "▁") and both are single-char tokens (no byte fallback), so no merge joins them."""
+        before, at = (SPACE_PIECE if ch == " " else ch for ch in (before, at))
+        model = self.backend.model
+        return (before + at not in vocab_pairs(self.backend) and model.token_to_id(before) is not None
+                and model.token_to_id(at) is not None)
 
     def _is_stable_chunk_start(self, prefix: str, ids: list[int], words: list, k: int, start: int) -> bool:
         if words[k] == words[k - 1] or (self.is_nfc and not prefix[start].isascii()):
@@ -340,34 +340,13 @@ def _is_plain_bpe(model) -> bool:
     return not model.continuing_subword_prefix and not model.end_of_word_suffix and not model.ignore_merges
 
 
-_CHARS_BEFORE_PIECE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> chars
 _VOCAB_PAIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> adjacent char pairs
 
 
 def vocab_pairs(backend) -> frozenset[str]:
     """Every two adjacent chars inside some vocab token: where a BPE merge may join two chars.
-    Read once per tokenizer (~1 s for Gemma's 262k tokens), on the first suffix cut."""
+    Read once per tokenizer (one pass over the whole vocab), on the first cut."""
     if backend not in _VOCAB_PAIRS:
         vocab = backend.get_vocab(with_added_tokens=False)
         _VOCAB_PAIRS[backend] = frozenset(token[i : i + 2] for token in vocab for i in range(len(token) - 1))
     return _VOCAB_PAIRS[backend]
-
-
-def chars_before_piece(backend) -> frozenset[str]:
-    """Chars x such that some vocab token holds x + "▁" (x not "▁"): a merge may cross there.
-    Reading a 262k vocab takes ~1 s, so it is done once per tokenizer, on the first cut."""
-    if backend not in _CHARS_BEFORE_PIECE:
-        _CHARS_BEFORE_PIECE[backend] = _scan_chars_before_piece(backend.get_vocab(with_added_tokens=False))
-    return _CHARS_BEFORE_PIECE[backend]
-
-
-def _scan_chars_before_piece(vocab: dict[str, int]) -> frozenset[str]:
-    found = set()
-    for token in vocab:
-        inner = token.lstrip(SPACE_PIECE)
-        position = inner.find(SPACE_PIECE)
-        while position > 0:
-            if inner[position - 1] != SPACE_PIECE:
-                found.add(inner[position - 1])
-            position = inner.find(SPACE_PIECE, position + 1)
-    return frozenset(found)
