@@ -101,18 +101,6 @@ def row_block(num_cols: int) -> int:
 
 
 @jit
-def row_scale(amax, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr):
-    """A row's fp8 scale from its amax (a max: exact in any order, so in any tiling)."""
-    return tl.maximum(amax, MIN_AMAX_) / FP8_MAX_
-
-
-@jit
-def scaled(x, scale, FP8_MAX_: tl.constexpr):
-    """fp32 values -> the e4m3 range under `scale` (the caller casts)."""
-    return tl.clamp(x / scale, -FP8_MAX_, FP8_MAX_)
-
-
-@jit
 def store_row(
     y, y_ptr, scale_ptr, row, offs, mask, K,
     QUANTIZE: tl.constexpr, FP8_MAX_: tl.constexpr, MIN_AMAX_: tl.constexpr,
@@ -124,8 +112,9 @@ def store_row(
     (the norms on the H200: see add_rms_norm); the step after y is the same code."""
     if QUANTIZE:
         x = y.to(tl.float32)
-        scale = row_scale(tl.max(tl.abs(x), axis=0), FP8_MAX_, MIN_AMAX_)
-        tl.store(y_ptr + row * K + offs, scaled(x, scale, FP8_MAX_).to(y_ptr.dtype.element_ty), mask=mask)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), MIN_AMAX_) / FP8_MAX_  # max is exact: order-free
+        xq = tl.clamp(x / scale, -FP8_MAX_, FP8_MAX_)
+        tl.store(y_ptr + row * K + offs, xq.to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(scale_ptr + row, scale)
     else:
         tl.store(y_ptr + row * K + offs, y, mask=mask)
