@@ -3,8 +3,9 @@
 # the stages named in $@ (tests, kernels, flex, gatedact, throughput:<model>:<workload>[:extra args],
 # parity:<model>, worker:<model>:<workload>[:extra args]: also needs the .whl-worker wheels).
 # Logs and results go to $OUT (the tool brings them back). See docs/performance.md.
-# STAGE_TIMEOUT (seconds, default 3000) bounds each stage, so a stage that runs long still ends
-# before the call's limit and the stages' files come back; PROFILE=0 skips the per-op profiles.
+# STAGE_TIMEOUT (seconds, default 3000: set it under the device call's limit, e.g. 555) bounds the
+# throughput and worker stages, so a long one still ends before the call's limit and the files
+# come back; PROFILE=0 skips the per-op profiles.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -126,6 +126,11 @@ def non_embedding_params(hf_model) -> int:
     return sum(p.numel() for n, p in hf_model.named_parameters() if n not in skip)
 
 
+def random_engine(hf_model, name: str, max_num_batched_tokens: int, dtype=torch.bfloat16):
+    """The engine over `name`'s random HF model (make_hf_model), with its real tokenizer."""
+    return make_engine(engine_model(hf_model), tokenizer_for(name), name, f"random-seed0-{name}", max_num_batched_tokens, dtype)
+
+
 def make_engine(
     model, tokenizer, served_name: str, weights_id: str, max_num_batched_tokens: int, dtype=torch.bfloat16, device: str = "cuda"
 ):

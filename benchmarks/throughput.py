@@ -41,7 +41,6 @@ from engine.quantization import quantize_linears_fp8  # noqa: E402
 from spinf_jobs.protocol import ScoringRequest  # noqa: E402
 
 
-
 def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float], object]:
     """(median seconds, all timings, last result) of fn() after warm-up."""
     result = None
@@ -204,7 +203,7 @@ def main() -> None:
     result["layer_std"] = args.layer_std
     params = random_models.non_embedding_params(hf)
     result["non_embedding_params"] = params
-    engine = random_models.make_engine(random_models.engine_model(hf), tokenizer, args.model, f"random-seed0-{args.model}", args.budget)
+    engine = random_models.random_engine(hf, args.model, args.budget)
     workload = load_workload(args.workload)
     requests = [ScoringRequest.model_validate(r) for r in workload.requests(engine.model_name, args.num_texts)]
     items = hf_baselines.items_from_engine(engine, requests)
@@ -225,6 +224,7 @@ def main() -> None:
         systems["spinf_bf16_slots"] = run_slots(engine, workload, args, systems["spinf_bf16"], num_questions, params,
                                                 peaks["bf16"])
         print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
+        write_result(result, final=False)
 
     if "hf_prefix" not in skip:
         prefix_items = items[: args.prefix_texts]
@@ -262,6 +262,7 @@ def main() -> None:
         result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
         print("spinf_fp8", _brief(systems["spinf_fp8"]), result["fp8_vs_bf16_drift"], flush=True)
         del engine8, fp8_model
+        write_result(result, final=False)
     if args.sweeps:
         import sweeps
 

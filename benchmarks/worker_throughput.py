@@ -37,10 +37,9 @@ from workloads import load_workload  # noqa: E402
 
 from spinf_jobs import jobstore  # noqa: E402
 from spinf_jobs.payloads import JobItem  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest, ScoringSpec  # noqa: E402
+from spinf_jobs.protocol import ScoringSpec  # noqa: E402
 from spinf_jobs.settings import Settings  # noqa: E402
 from spinf_jobs.submit import submit_inline  # noqa: E402
-
 
 
 def make_engine(model: str, folder: Path):
@@ -51,10 +50,10 @@ def make_engine(model: str, folder: Path):
         checkpoint = make_tiny_checkpoint(model.removeprefix("tiny-"), folder / model)
         return Engine(EngineConfig(model=str(checkpoint), device="cpu", dtype="float32"))
     import random_models
+    import torch
 
-    hf = random_models.make_hf_model(model)
-    return random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for(model), model,
-                                     f"random-seed0-{model}", 16384)
+    hf = random_models.make_hf_model(model, torch.bfloat16, layer_std=0.5)  # as throughput.py's default
+    return random_models.random_engine(hf, model, 16384)
 
 
 def rows_of(workload, num_texts: int | None) -> tuple[list[JobItem], ScoringSpec]:
@@ -67,7 +66,7 @@ def rows_of(workload, num_texts: int | None) -> tuple[list[JobItem], ScoringSpec
 
 def time_engine(engine, items: list[JobItem], spec: ScoringSpec) -> float:
     """New request objects every run: nothing compiled is reused, as in a worker."""
-    requests = [ScoringRequest(model=engine.model_name, messages=item.to_messages(), scoring=spec) for item in items]
+    requests = [item.to_request(spec, debug=False) for item in items]  # as the worker builds them
     start = time.perf_counter()
     engine.score_batch(requests)
     return time.perf_counter() - start
