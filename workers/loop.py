@@ -106,8 +106,11 @@ class GreedyWorker(SimpleWorker):
                     break
         finally:
             self._stop.set()
-            if (ahead := self._gathered_ahead()) is not None:
-                self._run(*ahead)  # held jobs are scored, not left to expire
+            try:
+                if (ahead := self._held_ahead()) is not None:
+                    self._run(*ahead)  # held jobs are scored, not left to expire
+            except Exception:  # noqa: BLE001 - the worker still unregisters; RQ re-runs what it held
+                log.exception("scoring the jobs held on the way out failed")
             beat.join(timeout=5)
             self.unpublish()
             self.register_death()
@@ -218,6 +221,15 @@ class GreedyWorker(SimpleWorker):
                 pass
         return model, held
 
+    def _held_ahead(self) -> tuple[str, list[HeldJob]] | None:
+        """On the way out: the jobs the look-ahead already holds; it takes no more."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        steps, gathered = ahead
+        steps.close()  # a step never leaves a job taken but not held
+        return gathered[0] if gathered and gathered[0][1] else None
+
     def _look_ahead(self) -> Callable[[], bool] | None:
         """Begin the next batch; the returned step runs in the engine's GPU waits."""
         if self._stop.is_set():
@@ -291,7 +303,6 @@ class GreedyWorker(SimpleWorker):
             item.work = tasks.load_chunk(self.connection, self.s3, payload)
         except Exception:  # noqa: BLE001 - fails this job only; RQ retries it
             item.work = None
-            item.num_tokens = 0
             item.job.meta["load_error"] = traceback.format_exc()
 
     def _run(self, model: str, held: list[HeldJob]) -> None:

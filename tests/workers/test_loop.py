@@ -183,6 +183,28 @@ def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_
     assert all(jobstore.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
 
 
+def test_a_stopping_worker_takes_no_new_job(make_settings, service_engine, service_engine_factory,
+                                            passes_in_flight, monkeypatch):
+    """On the way out only what the look-ahead already holds is scored: a sync call that comes
+    in as the worker stops stays queued for another worker."""
+    from workers import tasks
+
+    engine, r, job_ids, worker = _one_row_per_step(make_settings, service_engine, service_engine_factory,
+                                                   passes_in_flight, "s", 2)
+    score_rows, late = tasks.score_rows, []
+
+    def score_then_stop(engine_, rows, while_waiting=None):
+        score_rows(engine_, rows, while_waiting)
+        if not late:
+            late.append(_submit(r, worker.settings, engine.model_name, 1, "late", is_sync=True))
+            worker.stop()
+
+    monkeypatch.setattr(tasks, "score_rows", score_then_stop)
+    worker.run()
+    assert all(jobstore.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
+    assert jobstore.load_view(r, late[0]).status == JobStatus.QUEUED
+
+
 def test_a_sync_call_is_not_pushed_back_by_the_look_ahead(make_settings, service_engine, service_engine_factory,
                                                           passes_in_flight):
     """A sync job that arrives after the look-ahead filled the next batch still rides in it."""
