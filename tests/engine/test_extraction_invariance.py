@@ -164,3 +164,8 @@ def test_an_arena_that_grows_keeps_the_rows_it_holds():
         for out, reference in _attend(store, first + more, [2, 2, 1, 1, 1], step):
             assert torch.allclose(out, reference, atol=1e-5)
     assert all(kv.arena is arena for kv in first + more) and len(arena.owners) > num_entries
+    full = len(arena.owners)  # every entry taken: one more slot must grow it again, at least doubling
+    last = [_slot(25, 7)]
+    for out, reference in _attend(store, first + more + last, [2, 2, 1, 1, 1, 1], 3):
+        assert torch.allclose(out, reference, atol=1e-5)
+    assert last[0].arena is arena and len(arena.owners) >= 2 * full
