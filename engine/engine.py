@@ -164,14 +164,14 @@ class Engine:
         with cyclic_gc_deferred():
             return self._score_batch(requests, while_waiting)
 
-    def _score_batch(self, requests: list[ScoringRequest], while_waiting=None) -> BatchOutput:
+    def _score_batch(self, requests: list[ScoringRequest], while_waiting) -> BatchOutput:
         compiled = [self._compiled(request) for request in requests]
         self._counted.clear()
         builder = ResponseBuilder(self, compiled)
-        extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), self.mask_fn,
-                                self.dense_masks)
-        batches = pack_trees(self._trees(compiled, builder), self.config.max_num_batched_tokens, self.mask_fn,
-                             first_max_num_tokens=self.first_pass_tokens, dense_masks=self.dense_masks)
+        pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
+        extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), pack)
+        batches = pack(self._trees(compiled, builder), self.config.max_num_batched_tokens,
+                       first_max_num_tokens=self.first_pass_tokens)
         for batch, output in self.runner.run_all(batches, while_waiting):
             builder.collect(batch, output)
             extraction.collect(batch, output)

@@ -84,8 +84,7 @@ class Extraction:
     vocab_fn: object  # () -> SlotVocab, built on first use (it decodes the whole vocabulary)
     beam: BeamDecoder  # the mode-"extract" decoder (parity swaps in a greedy one as its control)
     floor_prompt: object = None  # (SlotJob) -> token ids of its prompt with user contents emptied
-    mask_fn: object = None  # the engine's tree mask (for the floor prompts' reads)
-    dense_masks: bool = True  # packer.pack_trees' (False on CUDA)
+    pack: object = pack_trees  # (items, max_num_tokens) -> batches, packed as the engine packs its passes
     jobs: list[SlotJob] = field(default_factory=list)
 
     def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
@@ -125,7 +124,7 @@ class Extraction:
             return
         vocab = self.vocab_fn()
         floor_jobs: list[tuple[SlotJob, SlotJob]] = []  # (the slot, its floor's forced job)
-        for batch, output in runner.run_all(pack_trees(items, max_num_rows, self.mask_fn, dense_masks=self.dense_masks)):
+        for batch, output in runner.run_all(self.pack(items, max_num_rows)):
             started: dict[int, SlotJob] = {}  # row of output.slot_logprobs -> the floor's forced job
             for packed in batch.trees:
                 job, paths = packed.owner

@@ -236,7 +236,6 @@ def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, m
     assert [_strip_usage(r) for r in got.results] == expected
 
 
-
 def test_host_work_runs_while_a_pass_is_in_flight_and_changes_nothing(tiny_engine, passes_in_flight):
     engine = tiny_engine("qwen2", max_num_batched_tokens=1024)  # several passes
     requests = load_cases(has_chat_template=True)[:6]
