@@ -28,7 +28,6 @@ import datetime
 import inspect
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,10 +38,10 @@ from result_files import git_commit, write_pair  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 from engine.attention_cuda import build_tree_block_masks  # noqa: E402
-from engine.engine import FIRST_PASS_TOKENS, Engine, EngineConfig  # noqa: E402
+from engine.engine import FIRST_PASS_TOKENS, Engine  # noqa: E402
 from engine.packer import pack_trees  # noqa: E402
 from engine.responses import ResponseBuilder  # noqa: E402
-from engine.tiny import TINY_SLIDING_WINDOW, make_tiny_checkpoint  # noqa: E402
+from engine.tiny import TINY_SLIDING_WINDOW, tiny_cpu_engine  # noqa: E402
 from spinf_jobs.protocol import ScoringRequest  # noqa: E402
 
 HAS_SUBTREES = "use_subtrees" in inspect.signature(build_tree_block_masks).parameters
@@ -79,9 +78,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        engine = Engine(EngineConfig(model=str(make_tiny_checkpoint(args.family, Path(folder) / "tiny")),
-                                     device="cpu", dtype="float32"))
+    engine = tiny_cpu_engine(args.family)
     requests = [ScoringRequest.model_validate(r) for r in load_workload(args.workload).requests(engine.model_name)]
     engine.score_batch(requests)  # warms the floor cache, as a running worker's is
     compiled = [engine._compile(r) for r in requests]

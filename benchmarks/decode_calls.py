@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.slot_workload import load_slot_queries, with_slots  # noqa: E402
 from benchmarks.workloads import load_workload  # noqa: E402
 from engine import kv_cache  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.tiny import make_tiny_checkpoint  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.tiny import tiny_cpu_engine  # noqa: E402
 from spinf_jobs.protocol import ScoringRequest  # noqa: E402
 
 
@@ -87,8 +86,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    folder = make_tiny_checkpoint(args.family, Path(tempfile.mkdtemp()) / args.family, seed=0)
-    engine = Engine(EngineConfig(model=str(folder), device="cpu", dtype="float32"))
+    engine = tiny_cpu_engine(args.family)
     plain = load_workload("news").requests(engine.model_name, args.texts)
     without = [ScoringRequest.model_validate(r) for r in plain]
     with_ = [ScoringRequest.model_validate(r) for r in with_slots(plain, load_slot_queries("news", args.slots))]

@@ -24,7 +24,6 @@ import datetime
 import gc
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,8 +34,8 @@ from result_files import git_commit, write_pair  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 import engine.engine as engine_module  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.tiny import make_tiny_checkpoint  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.tiny import tiny_cpu_engine  # noqa: E402
 from spinf_jobs.protocol import ScoringRequest  # noqa: E402
 
 MODES = ("collector", "deferred", "deferred+frozen")
@@ -127,9 +126,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma list, in the order to run them")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as folder:
-        checkpoint = make_tiny_checkpoint(args.family, Path(folder) / args.family)
-        engine = Engine(EngineConfig(model=str(checkpoint), device="cpu", dtype="float32"))
+    engine = tiny_cpu_engine(args.family)
     workload = load_workload(args.workload)
     requests = [ScoringRequest.model_validate(r) for r in workload.requests(engine.model_name, args.num_texts)]
     log = CollectionLog()

@@ -1,6 +1,6 @@
 """What every benchmark result carries, and how its files are written.
 
-    git_commit()                          -> the checkout's commit ("unknown" outside git)
+    git_commit(dirty_paths)               -> the checkout's commit ("unknown" outside git; "-dirty" if those paths changed)
     write_pair(stem, result, markdown)    -> benchmarks/results/<stem>.json and <stem>.md
 """
 
@@ -13,11 +13,15 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def git_commit() -> str:
+def git_commit(dirty_paths: tuple[str, ...] = ()) -> str:
+    """HEAD's hash, + "-dirty" when any of `dirty_paths` differs from HEAD in the working tree."""
     try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=RESULTS.parent, text=True).strip()
+        commit = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=RESULTS.parent, text=True).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    if dirty_paths and subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *dirty_paths], cwd=RESULTS.parent).returncode:
+        commit += "-dirty"
+    return commit
 
 
 def write_pair(stem: str, result: dict, markdown: str) -> None:

@@ -12,7 +12,7 @@
              tokenized once in the run, then shared by every text)
          (d) suffix cuts, warm: one Tokenize across repeats (as an engine serving batch after batch)
          all must give the same token ids, else the script fails
-      3. benchmarks/results/<date>-tokenize-speed.json + .md with the command, machine and commit
+      3. benchmarks/results/<date>-tokenize-speed[-<workload>].json + .md with the command, machine and commit
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from result_files import git_commit, write_pair  # noqa: E402
 from workloads import FIXTURES, load_workload  # noqa: E402
 
 from engine.loader import registry_tokenizer_dir  # noqa: E402
@@ -40,7 +40,6 @@ from engine.tokenize import Tokenize  # noqa: E402
 from spinf_jobs.protocol import ScoringRequest  # noqa: E402
 from spinf_jobs.templates import parse_template  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
 SYNTHETIC_WORDS = (
     "the government said on Monday that the market had risen by 5% after the firm's results were "
@@ -154,15 +153,6 @@ def _cpuinfo() -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def git_commit() -> str:
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=RESULTS.parent, text=True).strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "engine/tokenize.py"], cwd=RESULTS.parent)
-        return commit + ("-dirty" if dirty.returncode else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [
@@ -202,13 +192,10 @@ def main() -> None:
     texts = texts[: args.num_texts]
     models = [measure(name, texts, spec, args.repeats) for name in args.models.split(",")]
     date = datetime.date.today().isoformat()
-    result = {"command": "python3 " + " ".join(sys.argv), "date": date, "commit": args.commit or git_commit(),
+    result = {"command": "python3 " + " ".join(sys.argv), "date": date, "commit": args.commit or git_commit(("engine/tokenize.py",)),
               "machine": machine(), "workload": args.workload, "texts_source": source, "num_texts": len(texts),
               "repeats": args.repeats, "models": models}
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"{date}-tokenize-speed" if args.workload == "news" else RESULTS / f"{date}-tokenize-speed-{args.workload}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(markdown(result))
+    write_pair(f"{date}-tokenize-speed" + ("" if args.workload == "news" else f"-{args.workload}"), result, markdown(result))
     print(markdown(result))
 
 

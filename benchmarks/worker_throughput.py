@@ -42,13 +42,11 @@ from spinf_jobs.settings import Settings  # noqa: E402
 from spinf_jobs.submit import submit_inline  # noqa: E402
 
 
-def make_engine(model: str, folder: Path):
+def make_engine(model: str):
     if model.startswith("tiny-"):
-        from engine.engine import Engine, EngineConfig
-        from engine.tiny import make_tiny_checkpoint
+        from engine.tiny import tiny_cpu_engine
 
-        checkpoint = make_tiny_checkpoint(model.removeprefix("tiny-"), folder / model)
-        return Engine(EngineConfig(model=str(checkpoint), device="cpu", dtype="float32"))
+        return tiny_cpu_engine(model.removeprefix("tiny-"))
     import random_models
     import torch
 
@@ -57,10 +55,7 @@ def make_engine(model: str, folder: Path):
 
 
 def rows_of(workload, num_texts: int | None) -> tuple[list[JobItem], ScoringSpec]:
-    field = "article" if "{article}" in workload.message_template else "message"
-    texts = workload.texts[:num_texts]
-    items = [JobItem(custom_id=f"t{i}", text=workload.message_template.format(**{field: text}))
-             for i, text in enumerate(texts)]
+    items = [JobItem(custom_id=f"t{i}", text=content) for i, content in enumerate(workload.contents(num_texts))]
     return items, ScoringSpec.model_validate({"queries": workload.queries})
 
 
@@ -109,7 +104,7 @@ def main() -> None:
     num_questions = len(items) * len(spec.queries)
     with tempfile.TemporaryDirectory() as folder:
         url, redis_server = start_embedded_redis(Path(folder) / "redis")
-        engine = make_engine(args.model, Path(folder))
+        engine = make_engine(args.model)
         settings = Settings(redis_url=url, data_dir=Path(folder) / "data", chunk_num_rows=args.chunk_num_rows)
         systems = {
             "engine_alone": lambda: time_engine(engine, items, spec),

@@ -26,16 +26,16 @@ class Workload:
     texts: list[str]
     queries: list[dict]  # scoring queries (id, template, options)
 
+    def contents(self, num_texts: int | None = None) -> list[str]:
+        """The user message of each text (the template filled)."""
+        field = "article" if "{article}" in self.message_template else "message"
+        return [self.message_template.format(**{field: text}) for text in self.texts[:num_texts]]
+
     def requests(self, model: str | None, num_texts: int | None = None, num_queries: int | None = None) -> list[dict]:
         """Scoring request payloads, one per text, every query on each."""
-        field = "article" if "{article}" in self.message_template else "message"
         return [
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": self.message_template.format(**{field: text})}],
-                "scoring": {"queries": self.queries[:num_queries]},
-            }
-            for text in self.texts[:num_texts]
+            {"model": model, "messages": [{"role": "user", "content": content}], "scoring": {"queries": self.queries[:num_queries]}}
+            for content in self.contents(num_texts)
         ]
 
 

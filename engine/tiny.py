@@ -50,6 +50,18 @@ def make_tiny_checkpoint(family: str, path: Path, seed: int = 0) -> Path:
     return path
 
 
+def tiny_cpu_engine(family: str, seed: int = 0):
+    """An fp32 CPU Engine over a fresh tiny `family` checkpoint (written to a temporary folder,
+    loaded, the folder removed): what the CPU benchmarks run on."""
+    import tempfile
+
+    from engine.engine import Engine, EngineConfig
+
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoint = make_tiny_checkpoint(family, Path(folder) / family, seed)
+        return Engine(EngineConfig(model=str(checkpoint), device="cpu", dtype="float32"))
+
+
 def tiny_config(family: str, source_config):
     """A tiny config of `family` sharing the vocabulary and special ids of `source_config`."""
     from transformers import AutoConfig
