@@ -157,10 +157,10 @@ class Engine:
     def score_batch(
         self, requests: list[ScoringRequest], while_waiting: Callable[[], bool] | None = None
     ) -> BatchOutput:
-        """One response per request, in order. `while_waiting`: a short piece of host work
-        (e.g. a worker compiling its next jobs) run while a pass is on the GPU, again while it
-        returns True and the pass is not done; it must not call this engine's score_batch.
-        Not called on CPU."""
+        """One response per request, in order. `while_waiting`: a step of host work (e.g. a
+        worker gathering its next jobs) run while a pass is on the GPU, again while it returns
+        True and the pass is not done; the next launch waits for the step in progress, so steps
+        should be short. It must not call this engine's score_batch. Not called on CPU."""
         with cyclic_gc_deferred():
             return self._score_batch(requests, while_waiting)
 

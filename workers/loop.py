@@ -183,7 +183,8 @@ class GreedyWorker(SimpleWorker):
     def _gather_steps(self, gathered: list, first: tuple[Job, Queue] | None = None) -> Iterator[None]:
         """A batch, a step at a time, never blocking: the first job (`first`, else the first
         queued, sync queues first), then more of its model's jobs until the pass budget is full.
-        A step holds and loads one job, or counts one row; `gathered` gets (model, held) with
+        A step holds and loads one job (Redis, and S3 for a chunk stored there: the longest
+        step), or counts one row (the first may build the slot vocabulary); `gathered` gets (model, held) with
         the first job, and `held` grows as jobs are held."""
         taken = first or self._pop(self.queues)
         if taken is None:
@@ -192,14 +193,21 @@ class GreedyWorker(SimpleWorker):
         engine, held = self.engines[model], []
         gathered.append((model, held))
         model_queues = [q for q in self.queues if self.model_of_queue[q.name] == model]
+        num_tokens = 0
         while taken is not None:
-            item = self._hold(*taken)
-            held.append(item)
-            yield
-            yield from _counting(engine, item)
-            if sum(h.num_tokens for h in held) >= engine.config.max_num_batched_tokens:
+            item = yield from self._take(engine, taken, held)
+            num_tokens += item.num_tokens
+            if num_tokens >= engine.config.max_num_batched_tokens:
                 return
             taken = self._pop(model_queues)
+
+    def _take(self, engine, taken: tuple[Job, Queue], held: list[HeldJob]) -> Iterator[None]:
+        """Hold and load a taken job (a step), then count its rows (a step each); returns it."""
+        item = self._hold(*taken)
+        held.append(item)
+        yield
+        yield from _counting(engine, item)
+        return item
 
     def _gathered_ahead(self) -> tuple[str, list[HeldJob]] | None:
         """The batch begun during the last batch's GPU waits, finished now (None if none),
@@ -216,8 +224,7 @@ class GreedyWorker(SimpleWorker):
         model, held = gathered[0]
         sync_queues = [q for q in self.queues if q.name == queues.queue_pair(model).sync]
         while (taken := self._pop(sync_queues)) is not None:
-            held.append(item := self._hold(*taken))
-            for _ in _counting(self.engines[model], item):
+            for _ in self._take(self.engines[model], taken, held):
                 pass
         return model, held
 
