@@ -84,14 +84,14 @@ class _NoMaskLookup(attention_cuda.TreeBlockMasks):
         return lambda b, h, q, kv: kv >= 0
 
 
-def build_ms(spans, use_subtrees: bool, repeats: int = 5) -> float:
+def build_ms(spans, use_subtrees: bool, window: int | None, repeats: int = 5) -> float:
     """Host milliseconds to build the pass's block masks and both windows' BlockMasks (median)."""
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         start = time.perf_counter()
         masks = attention_cuda.build_tree_block_masks(spans, "cuda", use_subtrees=use_subtrees)
-        masks.for_window(None), masks.for_window(1024)
+        masks.for_window(None), masks.for_window(window)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
     return sorted(times)[len(times) // 2]
@@ -163,7 +163,7 @@ def main() -> None:
     if args.probe_mask_cost:
         for use_subtrees in (True, False):
             rows.append({"variant": "build_" + ("subtree" if use_subtrees else "bits") + "_masks",
-                         "host_ms": build_ms(spans, use_subtrees)})
+                         "host_ms": build_ms(spans, use_subtrees, config.get("sliding_window"))})
             print(rows[-1], flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "model": args.model, "num_tokens": num_tokens,
               "num_spans": len(spans), "torch": torch.__version__, "rows": rows}

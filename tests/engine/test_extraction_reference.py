@@ -8,7 +8,9 @@ Not bit for bit: the batched attention (engine/kv_cache.py) pads each slot's key
 capacity (masked) and folds GQA query heads into rows, which changes SDPA's reduction order
 in the last bits. So the answer texts, values, order, options and usage are equal and p,
 residual and floor_p agree within 1e-5; bit identity alone vs. batched is checked by
-tests/engine/test_extraction_invariance.py."""
+tests/engine/test_extraction_invariance.py. The decoding rows, masks and positions come from
+the engine's own extraction.decode_rows here (batch plumbing, not what is compared); the
+slot parity test against transformers (tests/engine/test_extraction.py) checks those."""
 
 from __future__ import annotations
 
