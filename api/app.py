@@ -1,7 +1,7 @@
 """The HTTP service: `create_app(settings)` wires routes, auth, admission control and metrics.
 
     client --HTTP--> AdmissionMiddleware (413/429) --> route (auth: bearer key)
-        --> spinf_jobs.submit (Redis + RQ) ... workers score ... --> job record / results
+        --> jobstore.submit (Redis + RQ) ... workers score ... --> job record / results
     prompt packs: loaded once here (official packs/ + settings.packs_dirs) to list them and
     to refuse an unknown pack at submit time; the workers' engines apply them
 
@@ -18,9 +18,9 @@ from api.errors import install_error_handlers
 from api.metrics import make_metrics
 from api.middleware import AdmissionMiddleware
 from api.routes import chat, decide, health, jobs, models, packs, score
-from spinf_jobs.packs import PackRegistry
-from spinf_jobs.s3 import make_client
-from spinf_jobs.settings import Settings, get_settings
+from contract.settings import Settings, get_settings
+from jobstore.s3 import make_client
+from prompt_packs.registry import PackRegistry
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

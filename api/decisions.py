@@ -2,7 +2,7 @@
 
     DecideRequest {state, question, options: [{id, description}], orderings?, workload?}
     SharedDecideRequest {state, decisions: [...]}
-      --decision_queries (spinf_jobs.orderings)--> one Query per ordering per decision
+      --decision_queries (prompt_packs.orderings)--> one Query per ordering per decision
       --ScoringRequest (state as the user message, debug for the rendered prompt)--> /v1/score's sync path
       --read_decision--> {id, option_ids, probabilities, option_logits, top, prompt_sha256,
                           combined (orderings only), calibrated (fitted workloads only)}
@@ -17,9 +17,15 @@ import hashlib
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.errors import ApiError
-from spinf_jobs.orderings import OrderingMode, choice_orders, combine_orderings, expand_orderings, letter_options
-from spinf_jobs.probability import normalise
-from spinf_jobs.protocol import Message, Query, ScoringRequest, ScoringSpec
+from contract.probability import normalise
+from contract.protocol import Message, Query, ScoringRequest, ScoringSpec
+from prompt_packs.orderings import (
+    OrderingMode,
+    choice_orders,
+    combine_orderings,
+    expand_orderings,
+    letter_options,
+)
 
 SINGLE_DECISION_ID = "decision"
 MAX_NUM_DECISIONS = 64

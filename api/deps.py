@@ -12,8 +12,8 @@ from fastapi import Depends, Request
 from redis import Redis
 
 from api.errors import ApiError
-from spinf_jobs.packs import PackRegistry
-from spinf_jobs.settings import ApiKey, Settings
+from contract.settings import ApiKey, Settings
+from prompt_packs.registry import PackRegistry
 
 
 def get_app_settings(request: Request) -> Settings:

@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from redis import Redis
 
 from api.served import live_workers
-from spinf_jobs import queues
-from spinf_jobs.settings import Settings
+from contract import queues
+from contract.settings import Settings
 
 _COUNTERS = {
     "rows_total": "Rows scored or settled with an error by the workers",

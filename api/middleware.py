@@ -15,7 +15,7 @@ import orjson
 from starlette.exceptions import HTTPException
 
 from api.errors import error_body
-from spinf_jobs import queues
+from contract import queues
 
 ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/jobs")
 

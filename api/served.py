@@ -14,8 +14,8 @@ import orjson
 from redis import Redis
 
 from api.errors import ApiError
-from spinf_jobs import queues
-from spinf_jobs.settings import Settings
+from contract import queues
+from contract.settings import Settings
 
 
 @dataclass(slots=True)

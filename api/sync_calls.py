@@ -14,12 +14,13 @@ from fastapi import Request
 
 from api.errors import ApiError
 from api.served import resolve_model
-from spinf_jobs import jobstore, queues
-from spinf_jobs.payloads import JobCreate, JobItem
-from spinf_jobs.packs import PackRegistry, UnknownPackError
-from spinf_jobs.protocol import ScoringRequest
-from spinf_jobs.settings import ApiKey
-from spinf_jobs.submit import submit_inline
+from contract import queues
+from contract.payloads import JobCreate, JobItem
+from contract.protocol import ScoringRequest
+from contract.settings import ApiKey
+from jobstore import records
+from jobstore.submit import submit_inline
+from prompt_packs.registry import PackRegistry, UnknownPackError
 
 
 async def score_sync(request: Request, key: ApiKey, body: ScoringRequest) -> dict:
@@ -39,7 +40,7 @@ async def score_sync(request: Request, key: ApiKey, body: ScoringRequest) -> dic
     state.metrics.score_wait.observe(time.perf_counter() - started)
     rows = await state.aredis.hget(queues.results_key(job_id), "0")
     if rows is None:  # cancelled or expired before we read it
-        record = await asyncio.to_thread(jobstore.load_job, state.redis, job_id)
+        record = await asyncio.to_thread(records.load_job, state.redis, job_id)
         raise ApiError(409, f"job {job_id} ended without a result ({record and record.get('status')})")
     row = orjson.loads(rows.splitlines()[0])
     if "error" in row:

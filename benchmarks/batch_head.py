@@ -1,7 +1,7 @@
 """The host work of a batch before and between its passes, as on CUDA, measured on the CPU.
 
     python3 benchmarks/batch_head.py [--family gemma3_text] [--workload news] [--repeats 7] [--tag T]
-      a tiny random checkpoint of `family` (engine/tiny.py, the family's real tokenizer), so the
+      a tiny random checkpoint of `family` (engine/testing/tiny.py, the family's real tokenizer), so the
       engine's own code runs; its floor cache warmed by one batch; requests compiled once (the
       timed part starts from tokenized requests, as throughput.py's does). Then per mode,
       `repeats` times, what Engine.score_batch does on the host on CUDA, pass by pass:
@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from result_files import git_commit, write_pair  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
-from engine.attention_cuda import build_tree_block_masks  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
 from engine.engine import FIRST_PASS_TOKENS, Engine  # noqa: E402
-from engine.packer import pack_trees  # noqa: E402
-from engine.responses import ResponseBuilder  # noqa: E402
-from engine.tiny import TINY_SLIDING_WINDOW, tiny_cpu_engine  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from engine.layers.attention_cuda import build_tree_block_masks  # noqa: E402
+from engine.pipeline.packer import pack_trees  # noqa: E402
+from engine.pipeline.responses import ResponseBuilder  # noqa: E402
+from engine.testing.tiny import TINY_SLIDING_WINDOW, tiny_cpu_engine  # noqa: E402
 
 HAS_SUBTREES = "use_subtrees" in inspect.signature(build_tree_block_masks).parameters
 

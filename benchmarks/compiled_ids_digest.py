@@ -26,10 +26,10 @@ import random_models  # noqa: E402
 from result_files import git_commit, write_pair  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
-from engine.compiler import compile_request  # noqa: E402
-from engine.prompts import PromptRenderer  # noqa: E402
-from engine.tokenize import Tokenize  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
+from engine.pipeline.compiler import compile_request  # noqa: E402
+from engine.pipeline.prompts import PromptRenderer  # noqa: E402
+from engine.pipeline.tokenize import Tokenize  # noqa: E402
 
 
 def digest(model: str, workload: str) -> dict:

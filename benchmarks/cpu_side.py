@@ -18,13 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformers import AutoTokenizer  # noqa: E402
 
 from benchmarks.workloads import load_workload  # noqa: E402
-from engine.compiler import compile_request  # noqa: E402
-from engine.loader import registry_tokenizer_dir  # noqa: E402
-from engine.packer import pack_trees  # noqa: E402
-from engine.prompts import PromptRenderer  # noqa: E402
-from engine.tokenize import Tokenize  # noqa: E402
-from engine.tree import build_tree  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
+from engine.loading.loader import registry_tokenizer_dir  # noqa: E402
+from engine.pipeline.compiler import compile_request  # noqa: E402
+from engine.pipeline.packer import pack_trees  # noqa: E402
+from engine.pipeline.prompts import PromptRenderer  # noqa: E402
+from engine.pipeline.tokenize import Tokenize  # noqa: E402
+from engine.pipeline.tree import build_tree  # noqa: E402
 
 
 def main() -> None:

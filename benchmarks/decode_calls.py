@@ -1,7 +1,7 @@
 """Extraction slots on CPU: how many attention calls the decoding passes make, and their time.
 
     python3 benchmarks/decode_calls.py [--family qwen3] [--texts 8] [--slots 5] [--repeats 3]
-      1. a tiny random checkpoint of --family (engine/tiny.py, real tokenizer), CPU, fp32
+      1. a tiny random checkpoint of --family (engine/testing/tiny.py, real tokenizer), CPU, fp32
       2. the first --texts news texts, each also asking the first --slots slot queries
          (fixtures/benchmarks/news-slots.json)
       3. min of --repeats `score_batch` runs with and without the slots (after a warm-up), and
@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.slot_workload import load_slot_queries, with_slots  # noqa: E402
 from benchmarks.workloads import load_workload  # noqa: E402
-from engine import kv_cache  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
 from engine.engine import Engine  # noqa: E402
-from engine.tiny import tiny_cpu_engine  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from engine.layers import decode_attention as decode_module  # noqa: E402
+from engine.testing.tiny import tiny_cpu_engine  # noqa: E402
 
 
 def best_of(fn, repeats: int) -> float:
@@ -47,7 +47,7 @@ def count_decoding(engine: Engine, requests: list[ScoringRequest]) -> dict:
     counts = {"passes": 0, "rows": 0, "sdpa_calls": 0, "per_slot_calls": 0, "decode_attention_s": 0.0}
     num_layers = engine.runner.model.config.num_hidden_layers
     in_decode = [False]
-    sdpa, decode, attention = F.scaled_dot_product_attention, engine.runner.decode, kv_cache.decode_attention
+    sdpa, decode, attention = F.scaled_dot_product_attention, engine.runner.decode, decode_module.decode_attention
 
     def counted_sdpa(*args, **kwargs):
         counts["sdpa_calls"] += in_decode[0]
@@ -70,12 +70,12 @@ def count_decoding(engine: Engine, requests: list[ScoringRequest]) -> dict:
         finally:
             counts["decode_attention_s"] += time.perf_counter() - start
 
-    F.scaled_dot_product_attention, engine.runner.decode, kv_cache.decode_attention = (
+    F.scaled_dot_product_attention, engine.runner.decode, decode_module.decode_attention = (
         counted_sdpa, counted_decode, timed_attention)
     try:
         engine.score_batch(requests)
     finally:
-        F.scaled_dot_product_attention, engine.runner.decode, kv_cache.decode_attention = sdpa, decode, attention
+        F.scaled_dot_product_attention, engine.runner.decode, decode_module.decode_attention = sdpa, decode, attention
     return counts
 
 

@@ -18,7 +18,7 @@ for stage in "$@"; do
   IFS=: read -r kind model workload extra <<<"$stage"
   echo "=== $stage ($(date +%T))"
   case $kind in
-    tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/kernels tests/engine/test_attention_cuda.py tests/engine/test_gpu_parity.py tests/engine/test_gpu_slots.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
+    tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/kernels tests/engine/layers/test_attention_cuda.py tests/engine/checks/test_gpu_parity.py tests/engine/extraction/test_gpu_slots.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     kernels) python3 benchmarks/kernel_bench.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernel_bench.log" | tail -50 ;;
     flex) python3 benchmarks/flex_options.py --variants tma --probe-mask-cost --out "$OUT/flex-$num.json" 2>&1 | grep -v Warning | tail -20 ;;
     gatedact) python3 benchmarks/gated_act_options.py --out "$OUT/gated-act-$num.json" 2>&1 | grep -v Warning | tail -20 ;;

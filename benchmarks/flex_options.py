@@ -5,7 +5,7 @@
          them (budget 16,384) -> the first pass's tree spans -> block masks on the GPU
       2. random q/k/v with the model's heads; per kernel-options variant: time one layer's
          tree attention (full and sliding window), and compare its output bit for bit with the
-         engine's current options (engine.attention_cuda.KERNEL_OPTIONS)
+         engine's current options (engine.layers.attention_cuda.KERNEL_OPTIONS)
 
 A variant is only usable if it is bit-identical to the current one on every row (or, if not,
 its own alone-vs-packed invariance must be shown before adopting it: a new fingerprint).
@@ -35,13 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import random_models  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
-from engine import attention_cuda  # noqa: E402
-from engine.compiler import compile_request  # noqa: E402
-from engine.packer import pack_trees  # noqa: E402
-from engine.prompts import PromptRenderer  # noqa: E402
-from engine.tokenize import Tokenize  # noqa: E402
-from engine.tree import build_tree  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
+from engine.layers import attention_cuda  # noqa: E402
+from engine.pipeline.compiler import compile_request  # noqa: E402
+from engine.pipeline.packer import pack_trees  # noqa: E402
+from engine.pipeline.prompts import PromptRenderer  # noqa: E402
+from engine.pipeline.tokenize import Tokenize  # noqa: E402
+from engine.pipeline.tree import build_tree  # noqa: E402
 
 BASE = dict(attention_cuda.KERNEL_OPTIONS)
 VARIANTS = {

@@ -1,7 +1,7 @@
 """Python's garbage collector around Engine.score_batch, three ways side by side (CPU).
 
     python3 benchmarks/gc_pauses.py [--family qwen3] [--workload moderation] [--num-texts 40] [--repeats 5]
-      a tiny random checkpoint of `family` (engine/tiny.py, the family's real tokenizer), the
+      a tiny random checkpoint of `family` (engine/testing/tiny.py, the family's real tokenizer), the
       workload's first N texts with every question; in ONE process, per mode: a warm-up batch,
       then `repeats` rounds of (score_batch, then serialise every response as a worker does),
       every collection timed through gc.callbacks (--modes picks them and their order):
@@ -34,9 +34,9 @@ from result_files import git_commit, write_pair  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 import engine.engine as engine_module  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
 from engine.engine import Engine  # noqa: E402
-from engine.tiny import tiny_cpu_engine  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from engine.testing.tiny import tiny_cpu_engine  # noqa: E402
 
 MODES = ("collector", "deferred", "deferred+frozen")
 

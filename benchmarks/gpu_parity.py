@@ -28,7 +28,7 @@ import random_models  # noqa: E402
 from throughput import diff_stats, spinf_logprobs  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
 
 MEAN_BOUND, MAX_BOUND = 0.02, 0.1
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import random_models  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
 
 
 def main() -> None:

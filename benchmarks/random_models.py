@@ -136,7 +136,7 @@ def make_engine(
 ):
     """An `engine.engine.Engine` over an in-memory model (no checkpoint folder)."""
     from engine.engine import Engine, EngineConfig
-    from engine.loader import LoadedCheckpoint
+    from engine.loading.loader import LoadedCheckpoint
 
     loaded = LoadedCheckpoint(
         model=model, tokenizer=tokenizer, hf_config=model.config, served_name=served_name,

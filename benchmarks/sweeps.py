@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hf_baselines
 
-from spinf_jobs.protocol import ScoringRequest
+from contract.protocol import ScoringRequest
 
 NUM_CONTENTS = 4
 QUESTION_COUNTS = (8, 32, 128)

@@ -37,8 +37,8 @@ from slot_workload import load_slot_queries, slot_token_share, with_slots  # noq
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
-from engine.quantization import quantize_linears_fp8  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
+from engine.loading.quantization import quantize_linears_fp8  # noqa: E402
 
 
 def timed(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float], object]:

@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from result_files import git_commit, write_pair  # noqa: E402
 from workloads import FIXTURES, load_workload  # noqa: E402
 
-from engine.loader import registry_tokenizer_dir  # noqa: E402
-from engine.prompts import PromptRenderer  # noqa: E402
-from engine.tokenize import Tokenize  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
-from spinf_jobs.templates import parse_template  # noqa: E402
+from contract.protocol import ScoringRequest  # noqa: E402
+from contract.templates import parse_template  # noqa: E402
+from engine.loading.loader import registry_tokenizer_dir  # noqa: E402
+from engine.pipeline.prompts import PromptRenderer  # noqa: E402
+from engine.pipeline.tokenize import Tokenize  # noqa: E402
 
 MODELS = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
 SYNTHETIC_WORDS = (
@@ -192,7 +192,7 @@ def main() -> None:
     texts = texts[: args.num_texts]
     models = [measure(name, texts, spec, args.repeats) for name in args.models.split(",")]
     date = datetime.date.today().isoformat()
-    result = {"command": "python3 " + " ".join(sys.argv), "date": date, "commit": args.commit or git_commit(("engine/tokenize.py",)),
+    result = {"command": "python3 " + " ".join(sys.argv), "date": date, "commit": args.commit or git_commit(("engine/pipeline/tokenize.py",)),
               "machine": machine(), "workload": args.workload, "texts_source": source, "num_texts": len(texts),
               "repeats": args.repeats, "models": models}
     write_pair(f"{date}-tokenize-speed" + ("" if args.workload == "news" else f"-{args.workload}"), result, markdown(result))

@@ -13,7 +13,7 @@
       --> benchmarks/results/<date>-worker-<workload>-<model>.{json,md}: rows/s and questions/s
           per system, and each worker's share of the engine-alone rate
 
-`--model tiny-qwen3` runs on CPU (a tiny random checkpoint, real tokenizer: engine/tiny.py);
+`--model tiny-qwen3` runs on CPU (a tiny random checkpoint, real tokenizer: engine/testing/tiny.py);
 on CPU no pass is in flight when the engine waits, so the two worker rows should match.
 `gemma-3-12b` / `qwen3-8b`: the random-weight architectures of throughput.py, on the GPU.
 Needs .data/benchmarks/<workload>-texts.json (benchmarks/make_<workload>_workload.py).
@@ -35,16 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from result_files import git_commit, write_pair  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
-from spinf_jobs import jobstore  # noqa: E402
-from spinf_jobs.payloads import JobItem  # noqa: E402
-from spinf_jobs.protocol import ScoringSpec  # noqa: E402
-from spinf_jobs.settings import Settings  # noqa: E402
-from spinf_jobs.submit import submit_inline  # noqa: E402
+from contract.payloads import JobItem  # noqa: E402
+from contract.protocol import ScoringSpec  # noqa: E402
+from contract.settings import Settings  # noqa: E402
+from jobstore import records  # noqa: E402
+from jobstore.submit import submit_inline  # noqa: E402
 
 
 def make_engine(model: str):
     if model.startswith("tiny-"):
-        from engine.tiny import tiny_cpu_engine
+        from engine.testing.tiny import tiny_cpu_engine
 
         return tiny_cpu_engine(model.removeprefix("tiny-"))
     import random_models
@@ -78,10 +78,10 @@ def time_worker(engine, settings: Settings, items: list[JobItem], spec: ScoringS
         worker._look_ahead = lambda: None
     start = time.perf_counter()
     job_id = submit_inline(connection, settings, "bench", engine.model_name, spec, items)
-    while not jobstore.load_view(connection, job_id).status.is_terminal:  # the worker's own loop, step by step
+    while not records.load_view(connection, job_id).status.is_terminal:  # the worker's own loop, step by step
         worker.drain_once(block_s=1)
     seconds = time.perf_counter() - start
-    view = jobstore.load_view(connection, job_id)
+    view = records.load_view(connection, job_id)
     if not view.status.is_terminal or view.progress.done != len(items) or view.progress.failed:
         raise RuntimeError(f"the job did not finish cleanly: {view}")
     return seconds
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--commit", default=None)
     args = parser.parse_args()
 
-    from workers.service import start_embedded_redis
+    from spinf_jobs.embedded import start_embedded_redis
 
     workload = load_workload(args.workload)
     items, spec = rows_of(workload, args.num_texts)

@@ -3,14 +3,14 @@
     ScoringRequest --compile--> CompiledRequest --build_tree--> TokenTree (+ floor trees)
         --pack_trees--> PackedBatch --runner.run--> RunnerOutput --scorer--> ScoringResponse
 
-A request naming prompt packs is expanded before compiling (engine/pack_requests.py): the
+A request naming prompt packs is expanded before compiling (engine/pipeline/pack_requests.py): the
 packs' questions become queries of the same tree, and the response splits them back out
 into `packs` (questions, categories, decisions).
 
 The loop itself is three lines (see `score_batch`): pack, run, collect. Everything around
 it is bookkeeping: which tree answers which request, which floors are cached. Extraction
 slots are read in the same passes (their prompt K/V kept), then decoded together in later
-passes over that K/V (engine/extraction.py).
+passes over that K/V (engine/extraction/decoding.py).
 """
 
 from __future__ import annotations
@@ -25,25 +25,36 @@ from functools import partial
 import orjson
 import torch
 
-from engine.compiler import CompiledRequest, FloorKey, compile_floor, compile_request
-from engine.decoder import BeamDecoder
-from engine.extraction import Extraction
-from engine.tokenize import Tokenize
-from engine.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
-from engine.loader import LoadedCheckpoint, load_checkpoint
-from engine.quantization import QUANTIZATION_RECIPES, quantize
-from engine.model_registry import DEFAULT_MODEL
-from engine.ops import ROW_CHUNK, SCORE_CHUNK
-from engine.pack_requests import PackRequestError, expand_request
-from engine.packer import DEFAULT_MAX_NUM_BATCHED_TOKENS, leaky_tree_mask, pack_trees, split_tree, tree_mask
-from engine.prompts import PromptError, PromptRenderer
-from engine.responses import ResponseBuilder
-from engine.runner import ModelRunner
-from engine.slots import SlotVocab
-from engine.tree import build_tree
-from spinf_jobs.packs import PackRegistry
-from spinf_jobs.protocol import ScoringRequest, ScoringResponse
-from spinf_jobs.templates import parse_template
+from contract.protocol import ScoringRequest, ScoringResponse
+from contract.templates import parse_template
+from engine.extraction.decoder import BeamDecoder
+from engine.extraction.decoding import Extraction
+from engine.extraction.slots import SlotVocab
+from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK
+from engine.loading.loader import LoadedCheckpoint, load_checkpoint
+from engine.loading.model_registry import DEFAULT_MODEL
+from engine.loading.quantization import QUANTIZATION_RECIPES, quantize
+from engine.pipeline.compiler import (
+    CompiledRequest,
+    FloorKey,
+    compile_floor,
+    compile_request,
+)
+from engine.pipeline.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
+from engine.pipeline.pack_requests import PackRequestError, expand_request
+from engine.pipeline.packer import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    leaky_tree_mask,
+    pack_trees,
+    split_tree,
+    tree_mask,
+)
+from engine.pipeline.prompts import PromptError, PromptRenderer
+from engine.pipeline.responses import ResponseBuilder
+from engine.pipeline.runner import ModelRunner
+from engine.pipeline.tokenize import Tokenize
+from engine.pipeline.tree import build_tree
+from prompt_packs.registry import PackRegistry
 
 # CUDA only. The GPU waits for the first pass's packing (~35 ms for 16k tokens), so the first
 # pass is smaller; but the next pass is packed only after this one is launched (~0.06-0.11 s of

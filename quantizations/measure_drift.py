@@ -3,7 +3,7 @@
     python3 quantizations/measure_drift.py [NAME ...]   (needs `pip install 'spinf-jobs[models]'`)
 
 Scores the first 3 news articles x 8 questions (benchmarks/ workloads) with the engine in
-fp32, then again after `engine.quantization.quantize_linears_fp8` (e4m3 weights per output
+fp32, then again after `engine.loading.quantization.quantize_linears_fp8` (e4m3 weights per output
 channel, activations per token, emulated in fp32 by `fp8_linear_reference`), and writes
 quantizations/<name>/drift-cpu.json: mean / max |Δlogprob| and |Δp| against fp32.
 """
@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from workloads import load_workload  # noqa: E402
 
+from contract.protocol import ScoringRequest  # noqa: E402
 from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.quantization import FP8_RECIPE, quantize_linears_fp8  # noqa: E402
-from spinf_jobs.protocol import ScoringRequest  # noqa: E402
+from engine.loading.quantization import FP8_RECIPE, quantize_linears_fp8  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 

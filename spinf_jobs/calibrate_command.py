@@ -24,11 +24,17 @@ from pathlib import Path
 
 import yaml
 
-from spinf_jobs.calibrate_fit import ScoredRow, fit_pack, to_pack_calibration
-from spinf_jobs.calibrate_report import write_report
-from spinf_jobs.pack_format import Category, Pack, PackQuestion
-from spinf_jobs.packs import OFFICIAL_PACKS_DIR, PackRegistry, apply_pack, expand_pack, load_pack, write_calibration
-from spinf_jobs.protocol import ScoringRequest, ScoringSpec
+from contract.protocol import ScoringRequest, ScoringSpec
+from prompt_packs.apply import apply_pack, expand_pack
+from prompt_packs.calibration_fit import ScoredRow, fit_pack, to_pack_calibration
+from prompt_packs.calibration_report import write_report
+from prompt_packs.format import Category, Pack, PackQuestion
+from prompt_packs.registry import (
+    OFFICIAL_PACKS_DIR,
+    PackRegistry,
+    load_pack,
+    write_calibration,
+)
 
 REPO_ROOT = OFFICIAL_PACKS_DIR.parent
 DEFAULT_REPORTS_DIR = OFFICIAL_PACKS_DIR / "reports"

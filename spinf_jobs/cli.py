@@ -2,7 +2,7 @@
 
     spinf-jobs score REQUEST.json|-   score one request on the engine, print the response JSON
     spinf-jobs parity --model NAME     the engine against an independent transformers reference
-    spinf-jobs serve | api | worker | demo   the service (workers/commands.py)
+    spinf-jobs serve | api | worker | demo   the service (spinf_jobs/service_commands.py)
     spinf-jobs calibrate ...           fit a prompt pack's calibration (spinf_jobs/calibrate_command.py)
 
 The engine (and torch) is imported inside the commands that need it, never at import time.
@@ -11,12 +11,14 @@ The engine (and torch) is imported inside the commands that need it, never at im
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 import orjson
 
-DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # engine/model_registry.py holds the same name
+from spinf_jobs.calibrate_command import add_calibrate_command
+from spinf_jobs.service_commands import add_service_commands
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # engine/loading/model_registry.py holds the same name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,15 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands")
     _add_score(subparsers)
     _add_parity(subparsers)
-    for module, function in (
-        ("workers.commands", "add_service_commands"),
-        ("spinf_jobs.calibrate_command", "add_calibrate_command"),
-    ):
-        try:
-            getattr(importlib.import_module(module), function)(subparsers)
-        except ModuleNotFoundError as error:
-            if error.name != module:  # a real missing dependency inside the module
-                raise
+    add_service_commands(subparsers)
+    add_calibrate_command(subparsers)
     return parser
 
 
@@ -61,8 +56,8 @@ def _add_score(subparsers) -> None:
 def _score(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from contract.protocol import ScoringRequest
     from engine.engine import Engine, EngineConfig, RequestError
-    from spinf_jobs.protocol import ScoringRequest
 
     raw = sys.stdin.buffer.read() if args.request == "-" else open(args.request, "rb").read()
     try:
@@ -95,7 +90,7 @@ def _add_parity(subparsers) -> None:
 def _parity(args: argparse.Namespace) -> int:
     if args.slots:
         return _slot_parity(args)
-    from engine.parity import run_parity, summarize
+    from engine.checks.parity import run_parity, summarize
 
     rows = run_parity(args.model, num_contents=args.contents, leak_sibling=args.leak_sibling)
     max_logprob, worst = summarize(rows)
@@ -108,8 +103,8 @@ def _parity(args: argparse.Namespace) -> int:
 
 
 def _slot_parity(args: argparse.Namespace) -> int:
-    from engine.decoder import BeamDecoder
-    from engine.parity_slots import is_passing, run_slot_parity, summarize_slots
+    from engine.checks.parity_slots import is_passing, run_slot_parity, summarize_slots
+    from engine.extraction.decoder import BeamDecoder
 
     decoder = BeamDecoder(max_width=1) if args.greedy else None
     # the reference decodes over transformers' own KV cache (whole re-reads agree to ~4e-6)

@@ -128,7 +128,7 @@ API_KEYS = {"alice": "sk-test-alice", "bob": "sk-test-bob"}  # name -> bearer to
 @pytest.fixture
 def make_settings(redis_url, request):
     """make_settings(**overrides) -> Settings on the test Redis (and the test S3, when started)."""
-    from spinf_jobs.settings import ApiKey, Settings, hash_api_key
+    from contract.settings import ApiKey, Settings, hash_api_key
 
     def make(s3_bucket: str | None = None, **overrides):
         allowed = [s3_bucket] if s3_bucket else []
@@ -154,7 +154,7 @@ def bearer():
 @pytest.fixture(scope="session")
 def service_model_dir(tmp_path_factory) -> Path:
     """A tiny random llama checkpoint (real SmolLM2 tokenizer), served as 'tiny-llama'."""
-    from engine.tiny import make_tiny_checkpoint
+    from engine.testing.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint("llama", tmp_path_factory.mktemp("service-model") / "tiny-llama", seed=0)
 
@@ -199,7 +199,7 @@ class _PassInFlight:
 def passes_in_flight(monkeypatch):
     """passes_in_flight(busy): on CPU, each pass then reads as still running for `busy` event
     queries, as a CUDA pass does, so host work meant for the GPU waits runs."""
-    import engine.runner as runner_module
+    import engine.pipeline.runner as runner_module
 
     def make(busy: int) -> None:
         monkeypatch.setattr(runner_module, "_record_event", lambda device: _PassInFlight(busy))

@@ -13,10 +13,12 @@ from __future__ import annotations
 import orjson
 from redis import Redis
 
-from spinf_jobs import datasets, queues
-from spinf_jobs.payloads import ChunkPayload, RowError
-from spinf_jobs.s3 import parse_s3_uri, read_range
-from spinf_jobs.settings import Settings
+from contract import queues
+from contract.payloads import ChunkPayload, RowError
+from contract.s3_uri import parse_s3_uri
+from contract.settings import Settings
+from jobstore import datasets
+from jobstore.s3 import read_range
 from workers.tasks import ChunkWork, RowSlot, settle_chunk
 
 DEAD_CHUNKS_KEY = f"{queues.PREFIX}:dead_chunks"

@@ -40,9 +40,9 @@ from rq.timeouts import TimerDeathPenalty
 from rq.utils import now
 from rq.worker import WorkerStatus
 
-from spinf_jobs import queues
-from spinf_jobs.payloads import ChunkPayload, PlanPayload
-from spinf_jobs.settings import Settings
+from contract import queues
+from contract.payloads import ChunkPayload, PlanPayload
+from contract.settings import Settings
 from workers import tasks
 from workers.callbacks import drain_dead_chunks, on_chunk_failure
 

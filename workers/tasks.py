@@ -18,12 +18,14 @@ import orjson
 from botocore.exceptions import BotoCoreError, ClientError
 from redis import Redis
 
-from spinf_jobs import datasets, jobstore, queues
-from spinf_jobs.payloads import ChunkPayload, JobStatus, PlanPayload, RowError
-from spinf_jobs.protocol import ScoringRequest, ScoringResponse
-from spinf_jobs.s3 import get_bytes, iter_lines, list_keys, parse_s3_uri, put_bytes, read_range
-from spinf_jobs.settings import Settings
-from spinf_jobs.submit import enqueue_chunks
+from contract import queues
+from contract.payloads import ChunkPayload, JobStatus, PlanPayload, RowError
+from contract.protocol import ScoringRequest, ScoringResponse
+from contract.s3_uri import parse_s3_uri
+from contract.settings import Settings
+from jobstore import datasets, records
+from jobstore.s3 import get_bytes, iter_lines, list_keys, put_bytes, read_range
+from jobstore.submit import enqueue_chunks
 
 PLAN_ENQUEUE_BATCH = 256  # chunk jobs per Redis round trip while planning
 
@@ -46,10 +48,10 @@ class ChunkWork:
 
 
 def load_chunk(r: Redis, s3, payload: ChunkPayload) -> ChunkWork:
-    record = jobstore.load_job(r, payload.job_id)
-    if record is None or jobstore.status_of(record) == JobStatus.CANCELLED:
+    record = records.load_job(r, payload.job_id)
+    if record is None or records.status_of(record) == JobStatus.CANCELLED:
         return ChunkWork(payload, is_cancelled=True)
-    jobstore.mark_running(r, payload.job_id)
+    records.mark_running(r, payload.job_id)
     if payload.items is not None:
         rows = [RowSlot(item.custom_id, None) for item in payload.items]
         items = payload.items
@@ -117,17 +119,17 @@ def settle_chunk(r: Redis, s3, settings: Settings, work: ChunkWork, worker_name:
     payload = work.payload
     if work.is_cancelled:
         summary = {"num_rows": payload.num_rows, "num_succeeded": 0, "num_failed": 0, "cancelled": True}
-        jobstore.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
+        records.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
         return summary
     lines = [_row_bytes(slot) for slot in work.rows]
     if payload.output is None:
-        jobstore.store_results(r, payload.job_id, payload.chunk_index, datasets.to_jsonl(lines))
+        records.store_results(r, payload.job_id, payload.chunk_index, datasets.to_jsonl(lines))
     else:
         _write_s3_chunk(s3, payload, work.rows, lines)
     summary = _summary(work.rows)
     passes = sorted({f"{worker_name}/{p}" for slot in work.rows for p in slot.pass_ids})
-    jobstore.add_passes(r, payload.job_id, passes)
-    jobstore.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
+    records.add_passes(r, payload.job_id, passes)
+    records.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
     finalize_if_complete(r, s3, settings, payload.job_id)
     return summary
 
@@ -156,32 +158,32 @@ def _summary(rows: list[RowSlot]) -> dict:
 
 def finalize_if_complete(r: Redis, s3, settings: Settings, job_id: str) -> bool:
     """When every chunk settled: write the manifest (datasets), then mark the job succeeded."""
-    if not jobstore.is_complete(r, job_id):
+    if not records.is_complete(r, job_id):
         return False
-    record = jobstore.load_job(r, job_id)
-    if record is None or jobstore.status_of(record).is_terminal:
+    record = records.load_job(r, job_id)
+    if record is None or records.status_of(record).is_terminal:
         return False
     if record.get("output"):
         output = parse_s3_uri(record["output"])
-        manifest = datasets.build_manifest(job_id, record["input"], output, jobstore.chunk_summaries(r, job_id))
+        manifest = datasets.build_manifest(job_id, record["input"], output, records.chunk_summaries(r, job_id))
         body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2)
         put_bytes(s3, datasets.manifest_uri(output), body, "application/json")
     ttl = settings.sync_result_ttl_s if record.get("kind") == "sync" else settings.result_ttl_s
-    return jobstore.finish(r, job_id, JobStatus.SUCCEEDED, ttl)
+    return records.finish(r, job_id, JobStatus.SUCCEEDED, ttl)
 
 
 def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload) -> dict:
     """List the input, cut it into chunks, enqueue them; S3 errors fail the job with a reason."""
-    record = jobstore.load_job(r, payload.job_id)
-    if record is None or jobstore.status_of(record) == JobStatus.CANCELLED:
+    record = records.load_job(r, payload.job_id)
+    if record is None or records.status_of(record) == JobStatus.CANCELLED:
         return {"cancelled": True}
-    jobstore.mark_running(r, payload.job_id)
+    records.mark_running(r, payload.job_id)
     try:
         chunks, num_rows = _cut(s3, payload)
     except (ClientError, BotoCoreError) as error:
-        jobstore.finish(r, payload.job_id, JobStatus.FAILED, settings.result_ttl_s, f"reading the input: {error}")
+        records.finish(r, payload.job_id, JobStatus.FAILED, settings.result_ttl_s, f"reading the input: {error}")
         return {"error": str(error)}
-    jobstore.set_plan(r, payload.job_id, num_rows, len(chunks))
+    records.set_plan(r, payload.job_id, num_rows, len(chunks))
     # a re-run plan (its worker died) resumes after the chunks it already enqueued
     num_enqueued = int(record.get("num_enqueued") or 0)
     queue_name = queues.queue_pair(payload.model).batch
@@ -222,8 +224,8 @@ def run_chunk(payload: dict) -> dict:
     """Score one chunk on this process's engine (the greedy loop batches chunks instead)."""
     from rq import get_current_job
 
-    from spinf_jobs.s3 import make_client
-    from spinf_jobs.settings import get_settings
+    from contract.settings import get_settings
+    from jobstore.s3 import make_client
     from workers.engines import get_engine
 
     job = get_current_job()
@@ -239,8 +241,8 @@ def run_plan(payload: dict) -> dict:
     """List a dataset and enqueue its chunks."""
     from rq import get_current_job
 
-    from spinf_jobs.s3 import make_client
-    from spinf_jobs.settings import get_settings
+    from contract.settings import get_settings
+    from jobstore.s3 import make_client
 
     settings = get_settings()
     plan = PlanPayload.model_validate(payload)

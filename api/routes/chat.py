@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from api.deps import KeyDep
 from api.errors import ApiError
 from api.sync_calls import score_sync
-from spinf_jobs.protocol import Message, PackRef, ScoringRequest, ScoringSpec
+from contract.protocol import Message, PackRef, ScoringRequest, ScoringSpec
 
 router = APIRouter()
 

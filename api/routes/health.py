@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.deps import KeyDep, RedisDep, SettingsDep
 from api.served import live_workers, served_models
-from spinf_jobs import queues
+from contract import queues
 
 router = APIRouter()
 

@@ -18,11 +18,13 @@ from api.deps import KeyDep, PacksDep, RedisDep, S3Dep, SettingsDep
 from api.errors import ApiError
 from api.served import resolve_model
 from api.sync_calls import check_packs
-from spinf_jobs import datasets, jobstore, queues
-from spinf_jobs.payloads import JobCreate, JobView
-from spinf_jobs.s3 import get_bytes, is_allowed, parse_s3_uri
-from spinf_jobs.settings import ApiKey, Settings
-from spinf_jobs.submit import cancel, new_job_id, submit_dataset, submit_inline
+from contract import queues
+from contract.payloads import JobCreate, JobView
+from contract.s3_uri import is_allowed, parse_s3_uri
+from contract.settings import ApiKey, Settings
+from jobstore import datasets, records
+from jobstore.s3 import get_bytes
+from jobstore.submit import cancel, new_job_id, submit_dataset, submit_inline
 
 router = APIRouter()
 
@@ -51,7 +53,7 @@ def create_job(
     else:
         submit_dataset(r, settings, key.name, model, body.scoring, body.input.s3, body.output.s3, body.debug,
                        job_id=job_id, packs=body.packs)
-    return jobstore.load_view(r, job_id)
+    return records.load_view(r, job_id)
 
 
 def _check_s3_access(key: ApiKey, body: JobCreate) -> None:
@@ -74,7 +76,7 @@ def _claim_idempotency_key(r, settings: Settings, owner: str, idem: str, body: J
 
 
 def _load_owned(r, job_id: str, key: ApiKey) -> dict:
-    record = jobstore.load_job(r, job_id)
+    record = records.load_job(r, job_id)
     if record is None or record.get("owner") != key.name:
         raise ApiError(404, f"no job {job_id!r}")
     return record
@@ -82,7 +84,7 @@ def _load_owned(r, job_id: str, key: ApiKey) -> dict:
 
 def _view_or_404(r, job_id: str, key: ApiKey) -> JobView:
     _load_owned(r, job_id, key)
-    return jobstore.load_view(r, job_id)
+    return records.load_view(r, job_id)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobView)
@@ -96,22 +98,22 @@ def cancel_job(job_id: str, key: KeyDep, r: RedisDep, settings: SettingsDep) -> 
     """Stop the remaining chunks; rows already settled stay."""
     _load_owned(r, job_id, key)
     cancel(r, settings, job_id)
-    return jobstore.load_view(r, job_id)
+    return records.load_view(r, job_id)
 
 
 @router.get("/v1/jobs/{job_id}/results")
 def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingResponse:
     """The result rows as JSONL, streamed chunk by chunk in input order."""
     record = _load_owned(r, job_id, key)
-    status = jobstore.status_of(record)
+    status = records.status_of(record)
     if not status.is_terminal:
         raise ApiError(409, f"job {job_id} is {status.value}; results are ready when it has ended")
     num_chunks = int(record.get("num_chunks") or 0)
     if record.get("output"):
         output = parse_s3_uri(record["output"])
-        summaries = jobstore.chunk_summaries(r, job_id)
+        summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].get("cancelled")]
         rows = (get_bytes(s3, datasets.results_uri(output, index)) for index in written)
     else:
-        rows = jobstore.iter_inline_results(r, job_id, num_chunks)
+        rows = records.iter_inline_results(r, job_id, num_chunks)
     return StreamingResponse(rows, media_type="application/jsonl")

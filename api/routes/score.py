@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from api.deps import KeyDep
 from api.sync_calls import score_sync
-from spinf_jobs.protocol import ScoringRequest, ScoringResponse
+from contract.protocol import ScoringRequest, ScoringResponse
 
 router = APIRouter()
 

@@ -9,7 +9,7 @@
 Why: torch runs the activation and the product as two kernels (read I, write I; read 2I,
 write I per row); this reads 2I and writes I once: 3 of 5 passes over [T, I].
 Elementwise, so a row's bits depend on that row alone (batch invariant).
-The reference is engine.ops' CPU maths (ACT2FN, then the product), which rounds the same way;
+The reference is engine.layers.ops' CPU maths (ACT2FN, then the product), which rounds the same way;
 the kernel's tanh (from exp) differs from torch's by a few fp32 ulps, so an element may differ
 by one ulp from the reference, or by ~1e-6 absolute where 1 + tanh cancels (gelu of x < -3,
 |y| < 0.005); never from itself: the tests check row invariance bit for bit.

@@ -8,7 +8,7 @@ Why a kernel: torch's mean over the last dim picks its reduction strategy from t
 tensor's shape, so a row's sum can change with the number of rows. Here a row is always
 reduced by one program with one fixed block: the row's bits depend on the row alone.
 The fused kernel also saves the ~8 elementwise passes of norm-then-rope over q and k.
-The references are `engine.ops`' CPU maths (fp32 norm, rounded to the input dtype).
+The references are `engine.layers.ops`' CPU maths (fp32 norm, rounded to the input dtype).
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from __future__ import annotations
 import torch
 
 from engine.kernels._triton import HAS_TRITON, jit, tl
-from engine.kernels.fp8_matmul import FP8_DTYPE, FP8_MAX, MIN_AMAX, Fp8Rows, row_block, store_row
+from engine.kernels.fp8_matmul import (
+    FP8_DTYPE,
+    FP8_MAX,
+    MIN_AMAX,
+    Fp8Rows,
+    row_block,
+    store_row,
+)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Model stacks: one readable nn.Module per HF family, all behind the `CausalLM` contract
-(engine/models/common.py). `build_model(hf_config)` picks the stack by `model_type`."""
+(engine/models/causal_lm.py). `build_model(hf_config)` picks the stack by `model_type`."""
 
 from __future__ import annotations
 
-from engine.models.common import CausalLM
+from engine.models.causal_lm import CausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, tree_attention
-from engine.models.common import (
-    CausalLM,
+from engine.layers.attention import AttentionMetadata, tree_attention
+from engine.layers.modules import (
     Embedding,
     GatedMLP,
     Linear,
@@ -31,7 +30,8 @@ from engine.models.common import (
     rotary_table,
     run_decoder_layers,
 )
-from engine.ops import Fp8Rows, add_rms_norm, norm_rope
+from engine.layers.ops import Fp8Rows, add_rms_norm, norm_rope
+from engine.models.causal_lm import CausalLM
 
 GEMMA_NORM_OFFSET = 1.0  # Gemma stores the RMSNorm scale as (scale - 1)
 

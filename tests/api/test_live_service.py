@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from workers.service import EmbeddedService
+from spinf_jobs.embedded import EmbeddedService
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from workers.service import EmbeddedService
+from spinf_jobs.embedded import EmbeddedService
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

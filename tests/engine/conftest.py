@@ -15,7 +15,7 @@ def tiny_checkpoint_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_checkpoint_root):
     """tiny_checkpoint(family) -> folder, made once per session."""
-    from engine.tiny import make_tiny_checkpoint
+    from engine.testing.tiny import make_tiny_checkpoint
 
     made: dict[str, Path] = {}
 

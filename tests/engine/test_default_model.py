@@ -2,9 +2,9 @@
 
 import pytest
 
+from contract.protocol import ScoringRequest
 from engine.engine import Engine, EngineConfig
-from engine.model_registry import DEFAULT_MODEL
-from spinf_jobs.protocol import ScoringRequest
+from engine.loading.model_registry import DEFAULT_MODEL
 
 EXAMPLE = "fixtures/example-request.json"
 

@@ -3,11 +3,9 @@ the issue's examples, and parity with transformers on the slot cases (>= 20 ques
 
 import pytest
 
-from engine.decoder import BeamDecoder
-from engine.engine import Engine, EngineConfig
-from engine.model_registry import DEFAULT_MODEL
-from engine.parity import Reference
-from engine.parity_slots import (
+from contract.protocol import ScoringRequest
+from engine.checks.parity import Reference
+from engine.checks.parity_slots import (
     ReferenceDecoder,
     engine_rows,
     is_passing,
@@ -15,7 +13,9 @@ from engine.parity_slots import (
     reference_questions,
     summarize_slots,
 )
-from spinf_jobs.protocol import ScoringRequest
+from engine.engine import Engine, EngineConfig
+from engine.extraction.decoder import BeamDecoder
+from engine.loading.model_registry import DEFAULT_MODEL
 
 SUPPORT = "Customer support message:\nI was charged twice for September, please refund one of the charges."
 INVOICE = ("Invoice #2291 from Northwind Supplies\nBilled to: Maria Lopez\n3 boxes of printer paper\n"

@@ -2,9 +2,9 @@
 
 import pytest
 
+from contract.protocol import ScoringRequest
+from engine.checks.parity import load_cases, run_parity, summarize
 from engine.engine import RequestError
-from engine.parity import load_cases, run_parity, summarize
-from spinf_jobs.protocol import ScoringRequest
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
 
@@ -51,7 +51,7 @@ def test_batch_invariance_alone_vs_packed(tiny_engine):
 def test_small_first_pass_and_early_responses_change_nothing(tiny_engine, monkeypatch):
     """A capped first pass (what CUDA engines do) and responses built pass by pass (while the
     next pass runs) give the same responses as one big pass."""
-    from engine.responses import ResponseBuilder
+    from engine.pipeline.responses import ResponseBuilder
 
     requests = load_cases(has_chat_template=True)[:12]
     reference = tiny_engine("qwen2", max_num_batched_tokens=1 << 16).score_batch(requests)
@@ -214,7 +214,7 @@ def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, m
     """A worker counts each request's tokens, then scores the batch: the tree is built once,
     and the scores are those of scoring without counting."""
     import engine.engine as engine_module
-    import engine.packer as packer_module
+    import engine.pipeline.packer as packer_module
 
     engine = tiny_engine("qwen2")
     requests = load_cases(has_chat_template=True)[:3]

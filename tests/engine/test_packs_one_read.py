@@ -3,9 +3,10 @@ its floors keep the pack's presentation; an unknown pack is an error naming it."
 
 from __future__ import annotations
 
+from contract.protocol import ScoringRequest
 from engine.engine import RequestError
-from spinf_jobs.packs import PackRegistry, expand_pack, split_pack_results, with_packs
-from spinf_jobs.protocol import ScoringRequest
+from prompt_packs.apply import expand_pack, split_pack_results, with_packs
+from prompt_packs.registry import PackRegistry
 
 REQUEST = {
     "messages": [{"role": "user", "content": "Customer support message:\nI was charged twice for September."}],

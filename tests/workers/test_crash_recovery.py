@@ -21,10 +21,11 @@ from rq.job import Job
 from rq.registry import StartedJobRegistry
 from worker_helpers import SCORING, drain_until_settled, make_worker, texts
 
-from spinf_jobs import jobstore, queues
-from spinf_jobs.payloads import JobItem, JobStatus
-from spinf_jobs.protocol import ScoringSpec
-from spinf_jobs.submit import chunk_rq_id, submit_inline
+from contract import queues
+from contract.payloads import JobItem, JobStatus
+from contract.protocol import ScoringSpec
+from jobstore import records
+from jobstore.submit import chunk_rq_id, submit_inline
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -37,7 +38,7 @@ def _start_worker_process(settings, model_dir: Path, name: str, log: Path) -> su
         "SPINF_REDIS_URL": settings.redis_url, "SPINF_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
         "SPINF_HEARTBEAT_TTL_S": str(settings.heartbeat_ttl_s), "PYTHONPATH": str(REPO),
     }
-    command = [sys.executable, "-m", "workers.commands", "worker", "--model", str(model_dir), "--device", "cpu",
+    command = [sys.executable, "-m", "spinf_jobs.service_commands", "worker", "--model", str(model_dir), "--device", "cpu",
                "--max-num-batched-tokens", "128", "--name", name]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -68,8 +69,8 @@ def test_killed_worker_loses_no_row(make_settings, service_model_dir, service_en
     try:
         while time.monotonic() < deadline and worker_a.poll() is None:
             worker_a.send_signal(signal.SIGSTOP)  # frozen while we look: what it holds now, it holds at the kill
-            done = jobstore.load_view(r, job_id).progress.done
-            settled = {chunk_rq_id(job_id, index) for index in jobstore.chunk_summaries(r, job_id)}
+            done = records.load_view(r, job_id).progress.done
+            settled = {chunk_rq_id(job_id, index) for index in records.chunk_summaries(r, job_id)}
             # held and not yet settled (a chunk settled but not yet completed in RQ needs no re-run)
             held_at_kill = [rq_id for rq_id in _held_by(r, batch, "worker-a") if rq_id not in settled]
             if done >= 3 and held_at_kill:
@@ -80,16 +81,16 @@ def test_killed_worker_loses_no_row(make_settings, service_model_dir, service_en
         worker_a.send_signal(signal.SIGKILL)
         worker_a.wait(timeout=30)
     assert held_at_kill, f"worker A never held a chunk mid-job:\n{(tmp_path / 'worker-a.log').read_text()[-3000:]}"
-    view = jobstore.load_view(r, job_id)
+    view = records.load_view(r, job_id)
     assert view.status == JobStatus.RUNNING and 0 < view.progress.done < NUM_ROWS  # killed mid-job
 
     worker_b = make_worker(settings, service_engine, name="worker-b")
     drain_until_settled(worker_b, [job_id], timeout_s=240)
 
-    view = jobstore.load_view(r, job_id)
+    view = records.load_view(r, job_id)
     assert view.status == JobStatus.SUCCEEDED
     assert (view.progress.done, view.progress.failed) == (NUM_ROWS, 0)
-    rows = [orjson.loads(line) for chunk in jobstore.iter_inline_results(r, job_id, 100) for line in chunk.splitlines()]
+    rows = [orjson.loads(line) for chunk in records.iter_inline_results(r, job_id, 100) for line in chunk.splitlines()]
     assert [row["custom_id"] for row in rows] == [f"r{i}" for i in range(NUM_ROWS)]  # once each, in order
     assert all("response" in row for row in rows)
     for rq_id in held_at_kill:  # RQ's registry cleanup re-queued A's chunks (one retry spent); B finished them

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from worker_helpers import SCORING, drain_until_settled, make_worker
 
 from api.app import create_app
-from spinf_jobs import datasets
+from jobstore import datasets
 
 pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.slow]
 

@@ -5,12 +5,13 @@ import pytest
 import redis
 from rq import Queue
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
-
-from spinf_jobs import jobstore, queues
-from spinf_jobs.payloads import JobItem, JobStatus
-from spinf_jobs.protocol import ScoringRequest, ScoringSpec
-from spinf_jobs.submit import cancel, chunk_rq_id, submit_inline
 from worker_helpers import SCORING, drain_until_settled, make_worker, texts
+
+from contract import queues
+from contract.payloads import JobItem, JobStatus
+from contract.protocol import ScoringRequest, ScoringSpec
+from jobstore import records
+from jobstore.submit import cancel, chunk_rq_id, submit_inline
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 SPEC = ScoringSpec.model_validate(SCORING)
@@ -22,7 +23,7 @@ def _submit(r, settings, model, num_rows, prefix, is_sync=False):
 
 
 def _rows(r, job_id):
-    return [orjson.loads(line) for chunk in jobstore.iter_inline_results(r, job_id, 10) for line in chunk.splitlines()]
+    return [orjson.loads(line) for chunk in records.iter_inline_results(r, job_id, 10) for line in chunk.splitlines()]
 
 
 def test_one_pass_packs_several_queued_jobs(make_settings, service_engine):
@@ -34,7 +35,7 @@ def test_one_pass_packs_several_queued_jobs(make_settings, service_engine):
     worker = make_worker(settings, service_engine)
     assert worker.drain_once(block_s=1)  # one greedy step takes all three jobs
     passes = [r.smembers(queues.passes_key(job_id)) for job_id in job_ids]
-    assert all(jobstore.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
+    assert all(records.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
     shared = set.intersection(*passes)
     assert len(shared) >= 1, passes  # >= 2 jobs (here 3) were served by one forward pass
     # and packing did not change a score: each row equals the row scored alone
@@ -55,8 +56,8 @@ def test_sync_queue_is_drained_first_and_budget_bounds_a_step(make_settings, ser
     sync_job = _submit(r, settings, engine.model_name, 1, "sync", is_sync=True)
     worker = make_worker(settings, engine)
     worker.drain_once(block_s=1)
-    assert jobstore.load_view(r, sync_job).status == JobStatus.SUCCEEDED
-    assert jobstore.load_view(r, batch_job).progress.done == 0
+    assert records.load_view(r, sync_job).status == JobStatus.SUCCEEDED
+    assert records.load_view(r, batch_job).progress.done == 0
     assert Queue(queues.queue_pair(engine.model_name).batch, connection=r).count == 2
     drain_until_settled(worker, [batch_job])
     assert [row["custom_id"] for row in _rows(r, batch_job)] == ["batch0", "batch1"]
@@ -80,7 +81,7 @@ def test_jobs_held_by_a_worker_are_in_the_started_registry(make_settings, servic
     assert r.zscore(registry.key, held.execution.composite_key) >= before
     worker._run(service_engine.model_name, [held])
     assert job.id not in registry.get_job_ids()
-    assert jobstore.load_view(r, job_id).progress.done == 2
+    assert records.load_view(r, job_id).progress.done == 2
 
 
 def test_cancel_stops_the_remaining_chunks(make_settings, service_engine):
@@ -90,7 +91,7 @@ def test_cancel_stops_the_remaining_chunks(make_settings, service_engine):
     assert cancel(r, settings, job_id)
     worker = make_worker(settings, service_engine)
     worker.drain_once(block_s=1)
-    view = jobstore.load_view(r, job_id)
+    view = records.load_view(r, job_id)
     assert view.status == JobStatus.CANCELLED and view.progress.done == 0
     assert int(r.get(queues.QUEUED_ROWS_KEY)) == 0
 
@@ -102,7 +103,7 @@ def test_a_row_the_engine_refuses_is_an_error_row_not_a_lost_batch(make_settings
     job_id = submit_inline(r, settings, "alice", service_engine.model_name, SPEC,
                            [JobItem.model_validate(row) for row in rows])
     drain_until_settled(make_worker(settings, service_engine), [job_id])
-    view = jobstore.load_view(r, job_id)
+    view = records.load_view(r, job_id)
     assert view.status == JobStatus.SUCCEEDED and (view.progress.done, view.progress.failed) == (4, 1)
     results = _rows(r, job_id)
     assert [row["custom_id"] for row in results] == ["ok0", "ok1", "ok2", "huge"]
@@ -122,7 +123,7 @@ def test_a_chunk_rq_gives_up_on_still_settles_with_error_rows(make_settings, ser
     time.sleep(2.5)
     survivor = make_worker(settings, service_engine, name="survivor")
     survivor.maintain_if_due()  # registry cleanup: no retries left -> failure callback -> error rows
-    view = jobstore.load_view(r, job_id)
+    view = records.load_view(r, job_id)
     assert view.status == JobStatus.SUCCEEDED and (view.progress.done, view.progress.failed) == (3, 3)
     rows = _rows(r, job_id)
     assert [row["custom_id"] for row in rows] == ["lost0", "lost1", "lost2"]
@@ -150,12 +151,12 @@ def test_the_next_batch_is_gathered_during_the_passes(make_settings, service_eng
     queue = Queue(queues.queue_pair(engine.model_name).batch, connection=r)
     started = StartedJobRegistry(queues.queue_pair(engine.model_name).batch, connection=r)
     assert worker.drain_once(block_s=1)
-    assert jobstore.load_view(r, job_ids[0]).status == JobStatus.SUCCEEDED
+    assert records.load_view(r, job_ids[0]).status == JobStatus.SUCCEEDED
     assert queue.count == 1  # the second job was taken during the first batch's pass ...
     assert chunk_rq_id(job_ids[1], 0) in started.get_job_ids()  # ... and is held (heartbeats cover it)
-    assert jobstore.load_view(r, job_ids[1]).progress.done == 0
+    assert records.load_view(r, job_ids[1]).progress.done == 0
     assert worker.drain_once(block_s=1)  # scores the held job, gathers the third meanwhile
-    assert jobstore.load_view(r, job_ids[1]).status == JobStatus.SUCCEEDED and queue.count == 0
+    assert records.load_view(r, job_ids[1]).status == JobStatus.SUCCEEDED and queue.count == 0
     drain_until_settled(worker, job_ids)
     for index, job_id in enumerate(job_ids):
         [result] = _rows(r, job_id)
@@ -180,7 +181,7 @@ def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_
     monkeypatch.setattr(tasks, "score_rows", score_then_stop)
     worker.run()
     assert scored == [["s0-0"], ["s1-0"]]  # the held job was scored on the way out
-    assert all(jobstore.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
+    assert all(records.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
 
 
 def test_a_stopping_worker_takes_no_new_job(make_settings, service_engine, service_engine_factory,
@@ -201,8 +202,8 @@ def test_a_stopping_worker_takes_no_new_job(make_settings, service_engine, servi
 
     monkeypatch.setattr(tasks, "score_rows", score_then_stop)
     worker.run()
-    assert all(jobstore.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
-    assert jobstore.load_view(r, late[0]).status == JobStatus.QUEUED
+    assert all(records.load_view(r, job_id).status == JobStatus.SUCCEEDED for job_id in job_ids)
+    assert records.load_view(r, late[0]).status == JobStatus.QUEUED
 
 
 def test_a_sync_call_is_not_pushed_back_by_the_look_ahead(make_settings, service_engine, service_engine_factory,
@@ -213,6 +214,6 @@ def test_a_sync_call_is_not_pushed_back_by_the_look_ahead(make_settings, service
     worker.drain_once(block_s=1)  # scores q0; the look-ahead holds q1 (the budget is full)
     sync_job = _submit(r, worker.settings, engine.model_name, 1, "late", is_sync=True)
     worker.drain_once(block_s=1)
-    assert jobstore.load_view(r, sync_job).status == JobStatus.SUCCEEDED
-    assert jobstore.load_view(r, batch_jobs[1]).status == JobStatus.SUCCEEDED
-    assert jobstore.load_view(r, batch_jobs[2]).progress.done == 0
+    assert records.load_view(r, sync_job).status == JobStatus.SUCCEEDED
+    assert records.load_view(r, batch_jobs[1]).status == JobStatus.SUCCEEDED
+    assert records.load_view(r, batch_jobs[2]).progress.done == 0

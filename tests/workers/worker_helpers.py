@@ -6,8 +6,8 @@ import time
 
 import redis
 
-from spinf_jobs import jobstore
-from spinf_jobs.s3 import make_client
+from jobstore import records
+from jobstore.s3 import make_client
 from workers.loop import GreedyWorker
 
 SCORING = {"queries": [
@@ -24,7 +24,7 @@ def make_worker(settings, engine, name: str | None = None) -> GreedyWorker:
 def drain_until_settled(worker: GreedyWorker, job_ids: list[str], timeout_s: float = 240) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        views = [jobstore.load_view(worker.connection, job_id) for job_id in job_ids]
+        views = [records.load_view(worker.connection, job_id) for job_id in job_ids]
         if all(view.status.is_terminal for view in views):
             return
         worker.maintain_if_due()

@@ -47,9 +47,9 @@ def assert_gated_act_close(y, ref, bf16_ulps: int = 1, atol: float = 1e-5) -> No
 
 def check_gated_act() -> None:
     import torch
+    from kernel_inputs import fresh
 
     from engine.kernels.gated_act import gated_act, gated_act_reference
-    from kernel_inputs import fresh
 
     for activation in ("gelu_pytorch_tanh", "silu"):
         for dtype in (torch.bfloat16, torch.float32):
@@ -67,10 +67,10 @@ def check_gated_act_fp8() -> None:
     for bit; the interpreter's own e4m3 rounding is not the GPU's (16.0 where torch gives 32.0),
     so the reference comparison lives in the gpu test."""
     import torch
+    from kernel_inputs import fresh
 
     from engine.kernels.fp8_matmul import quantize_rows
     from engine.kernels.gated_act import gated_act, gated_act_fp8
-    from kernel_inputs import fresh
 
     for activation in ("gelu_pytorch_tanh", "silu"):
         gate_up = fresh((4, 2 * 300 + 8), dtype=torch.float32, seed=2, scale=3.0)[:, :600]
@@ -109,10 +109,10 @@ def check_add_rms_norm() -> None:
 
 def check_qk_norm_rope() -> None:
     import torch
-
-    from engine import ops
-    from engine.kernels.rms_norm import qk_norm_rope, qk_norm_rope_reference
     from kernel_inputs import fresh
+
+    from engine.kernels.rms_norm import qk_norm_rope, qk_norm_rope_reference
+    from engine.layers import ops
 
     fused = fresh((6, (4 + 2) * 32), dtype=torch.float32, seed=5, scale=2.0)
     q, w = fused[:, : 4 * 32].view(6, 4, 32), fresh((32,), dtype=torch.float32, seed=6)  # strided rows

@@ -1,11 +1,11 @@
 import pytest
 import torch
-
-from engine import ops
-from engine.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
-from engine.kernels.rms_norm import rms_norm
 from interpreted import run_interpreted
 from kernel_inputs import fresh, norms
+
+from engine.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
+from engine.kernels.rms_norm import rms_norm
+from engine.layers import ops
 
 
 def test_reference_is_the_unfused_ops_path():

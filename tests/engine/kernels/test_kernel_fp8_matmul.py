@@ -1,7 +1,7 @@
 import pytest
 import torch
+from kernel_inputs import fresh
 
-from engine import ops
 from engine.kernels.fp8_matmul import (
     FP8_MAX,
     fp8_linear,
@@ -11,7 +11,7 @@ from engine.kernels.fp8_matmul import (
     quantize_rows_reference,
     quantize_weight,
 )
-from kernel_inputs import fresh
+from engine.layers import ops
 
 
 def test_weight_quantization_is_per_channel_and_close():

@@ -1,4 +1,4 @@
-"""Fused projections (engine/models/common.py: qkv_proj, gate_up_proj) against the separate ones.
+"""Fused projections (engine/layers/modules.py: qkv_proj, gate_up_proj) against the separate ones.
 
 Per-output-channel weight scales make the fused fp8 weight the rows of the separately
 quantized ones (checked on any machine). On CUDA every output column runs the same K loop
@@ -8,10 +8,10 @@ whatever N is, so the fused matmul's slices are bit-identical to the separate ma
 
 import pytest
 import torch
+from kernel_inputs import fresh
 
 from engine.kernels.fp8_matmul import fp8_linear, quantize_weight
 from engine.kernels.matmul import matmul
-from kernel_inputs import fresh
 
 # (K, output widths): Gemma-3-12B q/k/v, Gemma-3-12B gate/up, Qwen2.5-0.5B q/k/v (off-tile splits)
 SHAPES = [(3840, (4096, 2048, 2048)), (3840, (15360, 15360)), (896, (896, 128, 128))]

@@ -1,11 +1,16 @@
 import pytest
 import torch
-
-from engine import ops
-from engine.kernels.fp8_matmul import fp8_linear, quantize_rows, quantize_weight
-from engine.kernels.gated_act import GATED_ACTIVATIONS, gated_act, gated_act_fp8, gated_act_reference
 from interpreted import assert_gated_act_close, run_interpreted
 from kernel_inputs import fresh
+
+from engine.kernels.fp8_matmul import fp8_linear, quantize_rows, quantize_weight
+from engine.kernels.gated_act import (
+    GATED_ACTIVATIONS,
+    gated_act,
+    gated_act_fp8,
+    gated_act_reference,
+)
+from engine.layers import ops
 
 
 @pytest.mark.parametrize("activation", sorted(GATED_ACTIVATIONS))

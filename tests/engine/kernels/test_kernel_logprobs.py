@@ -1,8 +1,8 @@
 import pytest
 import torch
+from kernel_inputs import fresh
 
 from engine.kernels.logprobs import option_logprobs, option_logprobs_reference
-from kernel_inputs import fresh
 
 
 def test_reference_picks_the_log_softmax_entries():
@@ -28,7 +28,7 @@ def test_gpu_option_logprobs_match_and_are_invariant(cuda):
 def test_gpu_runner_log_softmax_matches_torch_and_is_row_local(cuda):
     """The runner's CUDA path (logits - row log-sum-exp) against torch's log-softmax, and a
     row's values alone equal to the same row among 299 others."""
-    from engine.runner import chunked_log_softmax, gather_logprobs
+    from engine.pipeline.runner import chunked_log_softmax, gather_logprobs
 
     logits = fresh((300, 262208), cuda, dtype=torch.float32, seed=3, scale=8.0)
     targets = torch.randint(0, 262208, (300,), device=cuda)

@@ -1,9 +1,9 @@
 import pytest
 import torch
-
-from engine import ops
-from engine.kernels.matmul import matmul, matmul_reference
 from kernel_inputs import fresh
+
+from engine.kernels.matmul import matmul, matmul_reference
+from engine.layers import ops
 
 
 def test_reference_is_the_fp32_product_rounded_once():

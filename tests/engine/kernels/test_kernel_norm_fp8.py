@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreted import run_interpreted, same_rows
+from kernel_inputs import fresh, norms
 
-from engine import ops
 from engine.kernels.add_rms_norm import add_rms_norm
 from engine.kernels.fp8_matmul import Fp8Rows, quantize_rows, quantize_weight
 from engine.kernels.rms_norm import rms_norm
-from interpreted import run_interpreted, same_rows
-from kernel_inputs import fresh, norms
+from engine.layers import ops
 
 
 def close_rows(got: Fp8Rows, h: torch.Tensor) -> bool:
@@ -99,13 +99,13 @@ def test_gpu_quantizing_rms_norm_is_rms_norm_then_quantize_rows(cuda, dim, offse
 
 
 def small_fp8_model(family: str, device):
-    """engine.tiny's `family` config with fp8-sized dims (K % 128 == 0 for every projection),
+    """engine.testing.tiny's `family` config with fp8-sized dims (K % 128 == 0 for every projection),
     random weights, bf16 on `device`, its decoder projections quantized to fp8."""
     from types import SimpleNamespace
 
+    from engine.loading.quantization import quantize
     from engine.models import build_model
-    from engine.quantization import quantize
-    from engine.tiny import tiny_config
+    from engine.testing.tiny import tiny_config
 
     source = SimpleNamespace(vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     config = tiny_config(family, source)
@@ -122,7 +122,7 @@ def small_fp8_model(family: str, device):
 
 def packed_inputs(lengths: list[int], device):
     """Causal spans of `lengths` tokens, each padded to ROW_CHUNK; the last 8 rows scored."""
-    from engine.attention import AttentionMetadata, TreeSpan
+    from engine.layers.attention import AttentionMetadata, TreeSpan
 
     spans, ids, positions, start = [], [], [], 0
     generator = torch.Generator().manual_seed(1)
@@ -151,10 +151,10 @@ def test_gpu_fp8_model_with_quantizing_norms_matches_the_two_kernel_path(cuda, m
     alone-vs-packed check (benchmarks/throughput.py)."""
     import dataclasses
 
-    from engine.attention import TreeSpan
-    from engine.attention_cuda import build_tree_block_masks
     from engine.kernels import fp8_matmul
-    from engine.models.common import Linear
+    from engine.layers.attention import TreeSpan
+    from engine.layers.attention_cuda import build_tree_block_masks
+    from engine.layers.modules import Linear
 
     model = small_fp8_model(family, cuda)
     input_ids, positions, attn, scored = packed_inputs([40, 90], cuda)

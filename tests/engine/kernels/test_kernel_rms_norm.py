@@ -1,10 +1,15 @@
 import pytest
 import torch
-
-from engine import ops
-from engine.kernels.rms_norm import qk_norm_rope, qk_norm_rope_reference, rms_norm, rms_norm_reference
 from interpreted import run_interpreted
 from kernel_inputs import fresh
+
+from engine.kernels.rms_norm import (
+    qk_norm_rope,
+    qk_norm_rope_reference,
+    rms_norm,
+    rms_norm_reference,
+)
+from engine.layers import ops
 
 
 def rope_tables(num_tokens: int, head_dim: int, device="cpu", dtype=torch.bfloat16):

@@ -1,0 +1,166 @@
+"""Job payloads and job views: pydantic at the queue's trust boundary.
+
+    JobCreate (HTTP body) --submit--> PlanPayload | ChunkPayload (RQ job kwargs, JSON)
+    ChunkPayload --worker--> result rows {custom_id, response} | {custom_id, error}
+    job record (Redis hash) --> JobView (GET /v1/jobs/{id})
+
+Every payload is validated when it is enqueued and again when a worker runs it, so a
+payload written by an older or foreign producer fails loudly instead of scoring garbage.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from contract.protocol import Message, PackRef, ScoringRequest, ScoringSpec, Usage
+from contract.s3_uri import parse_s3_uri
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobStatus(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class JobItem(_Strict):
+    """One row: `messages`, or `text` as a single user message."""
+
+    custom_id: str = Field(max_length=512)
+    messages: list[Message] | None = Field(default=None, min_length=1)
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> JobItem:
+        if (self.messages is None) == (self.text is None):
+            raise ValueError("give exactly one of `messages` or `text`")
+        return self
+
+    def to_messages(self) -> list[Message]:
+        return self.messages if self.messages is not None else [Message(role="user", content=self.text)]
+
+    def to_request(self, scoring: ScoringSpec, debug: bool, packs: list[PackRef] = ()) -> ScoringRequest:
+        return ScoringRequest(messages=self.to_messages(), scoring=scoring, packs=list(packs), debug=debug)
+
+
+class S3Location(_Strict):
+    s3: str  # "s3://bucket/prefix/"
+
+    @field_validator("s3")
+    @classmethod
+    def _parse(cls, value: str) -> str:
+        parse_s3_uri(value)
+        return value
+
+
+class JobCreate(_Strict):
+    """POST /v1/jobs: inline `items`, or an S3 `input` prefix with an S3 `output` prefix."""
+
+    model: str | None = None
+    scoring: ScoringSpec
+    items: list[JobItem] | None = Field(default=None, min_length=1)
+    input: S3Location | None = None
+    output: S3Location | None = None
+    debug: bool = False
+    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
+
+    @model_validator(mode="after")
+    def _source(self) -> JobCreate:
+        if (self.items is None) == (self.input is None):
+            raise ValueError("give exactly one of `items` (inline) or `input` (S3 dataset)")
+        if self.input is not None and self.output is None:
+            raise ValueError("output: an S3 `input` needs an S3 `output` prefix")
+        if self.items is not None and self.output is not None:
+            raise ValueError("output: inline jobs keep their results in the service; drop `output`")
+        if not self.scoring.queries and not self.packs:
+            raise ValueError("scoring.queries: give at least one query, or name a pack in `packs`")
+        return self
+
+
+class ByteRange(_Strict):
+    """Lines [first_line, ...) of one S3 object, as the bytes [start, end)."""
+
+    uri: str
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    first_line: int = Field(ge=1)  # 1-based line number of the first line in the range
+
+
+class ChunkPayload(_Strict):
+    """One RQ job: a slice of a job's rows; its results settle as one unit."""
+
+    job_id: str
+    chunk_index: int = Field(ge=0)
+    model: str
+    scoring: ScoringSpec
+    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
+    debug: bool = False
+    items: list[JobItem] | None = None  # inline rows
+    source: ByteRange | None = None  # dataset rows
+    output: str | None = None  # s3:// prefix the chunk writes to (datasets)
+    num_rows: int = Field(ge=0)  # rows in the chunk (non-blank lines for datasets)
+
+    @model_validator(mode="after")
+    def _source(self) -> ChunkPayload:
+        if (self.items is None) == (self.source is None):
+            raise ValueError("a chunk has exactly one of `items` or `source`")
+        if self.source is not None and self.output is None:
+            raise ValueError("a dataset chunk needs `output`")
+        if self.items is not None and len(self.items) != self.num_rows:
+            raise ValueError("num_rows must equal the number of items")
+        return self
+
+
+class PlanPayload(_Strict):
+    """One RQ job: list a dataset, cut it into chunks, enqueue them."""
+
+    job_id: str
+    model: str
+    scoring: ScoringSpec
+    debug: bool = False
+    input: str
+    output: str
+    chunk_num_rows: int = Field(ge=1)
+    packs: list[PackRef] = Field(default_factory=list)  # handed to every chunk
+
+
+class RowError(BaseModel):
+    """Why a row got no response (the `error` of a result row, a line of the errors object)."""
+
+    line: int | None = None  # 1-based line in its input object (datasets)
+    custom_id: str | None = None
+    field: str | None = None
+    message: str
+
+
+class Progress(BaseModel):
+    total: int | None  # rows in the job; None until a dataset is listed
+    done: int  # rows settled: a result or an error
+    failed: int  # rows settled with an error
+
+
+class JobView(BaseModel):
+    id: str
+    object: Literal["job"] = "job"
+    model: str
+    status: JobStatus
+    progress: Progress
+    created_at: int
+    started_at: int | None = None
+    finished_at: int | None = None
+    usage: Usage
+    input: str | None = None
+    output: str | None = None
+    error: str | None = None

@@ -1,0 +1,262 @@
+"""The scoring contract: request and response models (pydantic, no torch).
+
+    ScoringRequest --(engine: compile, pack, run, score)--> ScoringResponse
+
+One request is one content (its `messages`) and the questions asked about it: option
+queries (`{?}`, scored over the caller's options) and extraction slots (`{*}` `{n}` `{$}`,
+decoded from the same read; docs/extraction.md). The same response object is the body of `/v1/score`, the `scoring` field of a chat completion and
+the `response` of a job result row. docs/scoring-api.md defines every field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from contract.templates import (
+    EXTRACTION_SLOTS,
+    OPTION_SLOT,
+    TEXT_SLOT,
+    TemplateError,
+    parse_template,
+)
+
+MIN_NUM_OPTIONS = 2
+MAX_NUM_OPTIONS = 255
+MAX_NUM_COMBINATIONS = 4096  # per query: a grid larger than this is almost surely a mistake
+DEFAULT_BEAM_WIDTH = 5  # extraction: hypotheses kept per step, and answers returned
+MAX_BEAM_WIDTH = 32
+DEFAULT_EXTRACT_MAX_TOKENS = 16  # extraction answers are short: a name, a month, a number
+DEFAULT_GENERATE_MAX_TOKENS = 64
+MAX_SLOT_TOKENS = 512
+SLOT_FIELDS = ("mode", "beam_width", "max_tokens", "seed", "temperature", "floor")  # extraction-only fields
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+    # what the engine renders for this message when it computes floors (None: "" for a user
+    # message, the content itself otherwise); a pack presentation keeps its frame here, e.g.
+    # "Customer support message:\n", so a floor empties only the content inside it
+    floor_content: str | None = None
+
+
+class Query(_Strict):
+    id: str = Field(min_length=1, max_length=200)
+    template: str = Field(min_length=1)
+    options: list[str] = Field(default_factory=list)
+    values: dict[str, list[str]] = Field(default_factory=dict)
+    # "user": the template continues the final message; "assistant": the user turn is
+    # closed and an assistant turn opened before the template.
+    answer_in: Literal["user", "assistant"] = "user"
+    # Extraction slots only ({*} {n} {$}; docs/extraction.md):
+    # "extract": a beam over the most likely answers; "generate": one free text ({*} only).
+    mode: Literal["extract", "generate"] = "extract"
+    beam_width: int = Field(default=DEFAULT_BEAM_WIDTH, ge=1, le=MAX_BEAM_WIDTH)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_SLOT_TOKENS)  # None: the mode's default
+    seed: int | None = None  # generate: None decodes greedily, a seed samples (reproducibly)
+    temperature: float = Field(default=1.0, gt=0.0, le=10.0)  # generate with a seed only
+    floor: bool = False  # each answer also gets floor_p: its paths' probability with user contents emptied
+
+    @property
+    def slot(self) -> str:
+        return parse_template(self.template).slot
+
+    @property
+    def num_max_tokens(self) -> int:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return DEFAULT_GENERATE_MAX_TOKENS if self.mode == "generate" else DEFAULT_EXTRACT_MAX_TOKENS
+
+    @model_validator(mode="after")
+    def _check(self) -> Query:
+        try:
+            parsed = parse_template(self.template)
+        except TemplateError as error:
+            raise ValueError(f"template: {error}") from None
+        if parsed.slot in EXTRACTION_SLOTS:
+            _check_slot(self, parsed.slot, parsed.tail)
+        if parsed.slot == OPTION_SLOT:
+            _check_options(self.options)
+            given = [name for name in SLOT_FIELDS if name in self.model_fields_set]
+            if given:
+                raise ValueError(f"{given[0]}: only extraction slots ({{*}} {{n}} {{$}}) take it, not {{?}}")
+        names = parsed.placeholder_names
+        missing = [n for n in names if n not in self.values]
+        if missing:
+            raise ValueError(f"values: placeholder(s) {missing} used in the template have no values")
+        unused = [n for n in self.values if n not in names]
+        if unused:
+            raise ValueError(f"values: {unused} given but not used in the template")
+        num_combinations = 1
+        for name, items in self.values.items():
+            if not items:
+                raise ValueError(f"values.{name}: give at least one value")
+            num_combinations *= len(items)
+        if num_combinations > MAX_NUM_COMBINATIONS:
+            raise ValueError(
+                f"values: the grid has {num_combinations} combinations, more than {MAX_NUM_COMBINATIONS}"
+            )
+        return self
+
+
+def _check_slot(query: Query, slot: str, tail: str) -> None:
+    if query.options:
+        raise ValueError(f"options: the extraction slot {{{slot}}} takes no options; use {{?}} to score options")
+    if query.mode == "generate":
+        if slot != TEXT_SLOT:
+            raise ValueError(f"mode: 'generate' writes free text, so it needs the {{*}} slot, not {{{slot}}}")
+        if "beam_width" in query.model_fields_set:
+            raise ValueError("beam_width: mode 'generate' writes one text; beam_width is for mode 'extract'")
+        return
+    if slot == TEXT_SLOT and not tail:
+        raise ValueError(
+            "template: the text slot {*} needs closing text after it, which ends the answer"
+            ' (e.g. \'A: "{*}"\': the closing quote); or use mode \'generate\''
+        )
+    for name in ("seed", "temperature"):
+        if name in query.model_fields_set:
+            raise ValueError(f"{name}: only mode 'generate' samples; mode 'extract' is a beam search")
+
+
+def _check_options(options: list[str]) -> None:
+    if len(options) < MIN_NUM_OPTIONS:
+        raise ValueError(f"options: give at least {MIN_NUM_OPTIONS} options (got {len(options)})")
+    if len(options) > MAX_NUM_OPTIONS:
+        raise ValueError(f"options: at most {MAX_NUM_OPTIONS} options (got {len(options)})")
+    if any(option == "" for option in options):
+        raise ValueError("options: an option is empty; every option needs text")
+    duplicates = sorted({o for o in options if options.count(o) > 1})
+    if duplicates:
+        raise ValueError(f"options: duplicate option(s) {duplicates}; options must be distinct")
+
+
+class ScoringSpec(_Strict):
+    # may be empty only in a request that names packs (ScoringRequest checks it)
+    queries: list[Query] = Field(default_factory=list)
+
+    @field_validator("queries")
+    @classmethod
+    def _unique_ids(cls, queries: list[Query]) -> list[Query]:
+        ids = [q.id for q in queries]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate query id(s) {duplicates}; ids must be unique")
+        return queries
+
+
+class PackRef(_Strict):
+    id: str = Field(min_length=1, max_length=200)  # a loaded pack, e.g. "spinf/moderation" (GET /v1/packs)
+
+
+class ScoringRequest(_Strict):
+    model: str | None = None  # None: the server's default model
+    messages: list[Message] = Field(min_length=1)
+    scoring: ScoringSpec = Field(default_factory=ScoringSpec)
+    # prompt packs answered from the same read as `scoring.queries` (docs/prompt-packs.md)
+    packs: list[PackRef] = Field(default_factory=list)
+    debug: bool = False  # adds rendered text and token ids per combination
+
+    @model_validator(mode="after")
+    def _something_to_ask(self) -> ScoringRequest:
+        if not self.scoring.queries and not self.packs:
+            raise ValueError("scoring.queries: give at least one query, or name a pack in `packs`")
+        ids = [p.id for p in self.packs]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"packs: pack(s) {duplicates} named more than once")
+        return self
+
+
+# ---- response --------------------------------------------------------------------------
+
+
+class OptionScore(BaseModel):
+    text: str
+    logprob: float  # sum of the option's token log-probabilities after the branch point
+    p: float  # exp(logprob) normalised over the query's options
+    floor_p: float  # p for the same query with every user message's content emptied
+
+
+class OptionDebug(BaseModel):
+    text: str
+    token_ids: list[int]  # the whole-string tokens scored for this option (after the branch point)
+    tokens: list[str]
+
+
+class CombinationDebug(BaseModel):
+    rendered: str  # the prompt text before the options
+    branch_point: int  # number of tokens shared by the prompt and every prompt+option
+    options: list[OptionDebug]
+
+
+class SlotAnswer(BaseModel):
+    text: str  # as the model wrote it, up to the slot's closing text (the likeliest path's text)
+    value: str | int | float | dict[str, Any] | None  # {*}: text; {n}: number; {$}: {amount, currency}
+    p: float  # model probability of the answer: product of its token probabilities, summed over paths
+    finish_reason: Literal["stop", "length"] | None = None  # mode "generate" only
+    floor_p: float | None = None  # the same paths' probability under the floor prompt; only with `floor: true`
+
+
+class Combination(BaseModel):
+    values: dict[str, str]
+    options: list[OptionScore] = Field(default_factory=list)  # option queries ({?})
+    answers: list[SlotAnswer] | None = None  # extraction slots, sorted by p (None for {?})
+    # {?}: max(0, 1 - sum of exp(logprob)): mass outside the options.
+    # slots: max(0, 1 - sum of the answers' p): mass on continuations not listed.
+    residual: float
+    debug: CombinationDebug | None = None
+
+
+class QueryResult(BaseModel):
+    id: str
+    combinations: list[Combination]
+
+
+class Usage(BaseModel):
+    content_tokens: int = 0  # trunk tokens read once for the content
+    question_tokens: int = 0  # branch tokens shared by a query's options
+    option_tokens: int = 0  # leaf tokens of the options
+    floor_tokens: int = 0  # tokens read to compute floors that were not cached
+    floors_cached: int = 0  # floors served from the cache
+    floors_computed: int = 0  # floors computed for this request
+    slot_tokens: int = 0  # tokens decoded for extraction slots (rows of the passes after the read)
+
+
+class PackQuestionResult(BaseModel):
+    p: float | None = None  # summed p of the positive answers (None: a lettered question without any)
+    calibrated_p: float | None = None  # the pack's fitted map applied to p; None where not fitted
+    floor_p: float | None = None  # the same sum over the options' floor_p
+    options: dict[str, float] | None = None  # plain question: p per option text
+    choices: dict[str, float] | None = None  # lettered question: order-averaged p per choice id
+    combined: dict[str, Any] | None = None  # lettered: probabilities, top, agreement, spread, orderings
+
+
+class PackCategoryResult(BaseModel):
+    score: float  # the category's combine over its members' raw scores
+    calibrated_score: float | None = None  # the fitted category map; None where not fitted
+
+
+class PackResult(BaseModel):
+    """One named pack applied to the content (prompt_packs.registry.apply_pack)."""
+
+    pack: str
+    version: str
+    questions: dict[str, PackQuestionResult]
+    categories: dict[str, PackCategoryResult]
+    decisions: dict[str, str]  # decision id -> label (on calibrated category scores where fitted)
+
+
+class ScoringResponse(BaseModel):
+    id: str
+    object: Literal["scoring.result"] = "scoring.result"
+    model: str
+    system_fingerprint: str
+    results: list[QueryResult]  # the request's own queries, in order (a pack's are under `packs`)
+    usage: Usage  # the whole read: own queries and every pack's together
+    packs: list[PackResult] | None = None  # one per named pack, in the request's order

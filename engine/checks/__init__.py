@@ -1,0 +1,1 @@
+"""Checks of the engine against independent references (not on the scoring path): parity with transformers."""

@@ -1,0 +1,227 @@
+"""Decode the extraction slots after the read: batched passes over the kept K/V.
+
+    packed pass (RunnerOutput.slot_logprobs, .slot_kv) --Extraction.collect--> SlotJob per slot,
+        first decoder step already taken from the read's distribution
+    live SlotJobs --prepare_decode_batch--> DecodeBatch (one span per slot: its live
+        hypotheses' last tokens; one RowNeed per row; the slots' K/V in the KVStore's arenas,
+        the spans grouped for one SDPA per layer and group) --runner.decode--> log-probs [S, V]
+        on the device --decoder.select--> Candidates per row (k best, END) on the host
+        --decoder.advance--> next hypotheses
+    finished SlotJobs --decoder.answers--> answers, residual (engine/pipeline/responses.py)
+    slots asking `floor`: floor prompt (user contents emptied) read as a slot of its own tree
+        --ForcedDecoder over the listed answers' paths--> each path's floor log-probability
+
+Every step serves all live slots of all requests together, in as few passes as the token
+budget allows. A slot's rows start at a multiple of SCORE_CHUNK and attend only to its own
+K/V, through an attention problem whose shapes depend only on that slot (engine/extraction/kv_cache.py),
+so its answers do not depend on what else is decoded beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.extraction.decoder import (
+    BeamDecoder,
+    Candidates,
+    DecodeState,
+    ForcedDecoder,
+    GenerateDecoder,
+    Hypothesis,
+    RowNeed,
+    answers,
+    decoder_for,
+    select,
+    start_state,
+)
+from engine.extraction.kv_cache import KVStore, SlotKV
+from engine.extraction.slots import SlotSpec, SlotVocab
+from engine.layers.decode_attention import DecodeMetadata, DecodeSpan, decode_mask
+from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK
+from engine.pipeline.compiler import slot_branch
+from engine.pipeline.packer import PAD_TOKEN_ID, PackedBatch, pack_trees, padded
+from engine.pipeline.runner import RunnerOutput
+from engine.pipeline.tree import build_tree
+
+
+@dataclass(slots=True)
+class SlotJob:
+    """One slot of one (request, query, combination) being decoded."""
+
+    request_index: int
+    query_index: int
+    combination_index: int
+    spec: SlotSpec
+    num_prompt_tokens: int  # the first answer token sits at this position
+    kv: SlotKV
+    state: DecodeState
+    decoder: BeamDecoder | GenerateDecoder | ForcedDecoder
+    num_decoded_tokens: int = 0  # rows this slot added to decoding passes (usage.slot_tokens)
+    pass_ids: set[int] = field(default_factory=set)  # the decoding passes that served it
+    values: dict[str, str] = field(default_factory=dict)  # the combination's placeholder values
+    floor_logprobs: dict[tuple[int, ...], float] | None = None  # spec.floor: path ids -> floor log-prob
+    num_floor_tokens: int = 0  # floor prompt tokens read + rows decoded for the floor (usage.floor_tokens)
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    jobs: list[SlotJob]
+    input_ids: torch.Tensor  # [T] long, T a multiple of ROW_CHUNK: each live hypothesis's last token
+    positions: torch.Tensor  # [T] long
+    decode: DecodeMetadata  # one span per job, grouped for attention
+    scored_index: torch.Tensor  # [S] long: every span row (S a multiple of SCORE_CHUNK)
+    needs: list[RowNeed | None]  # [S] what each row's hypothesis needs (None: padding)
+    vocab: SlotVocab
+
+    def select(self, logprobs: torch.Tensor) -> list[Candidates | None]:
+        """The runner's [S, V] log-probs (on its device) -> each row's Candidates on the host."""
+        return select(logprobs, self.needs, self.vocab)
+
+
+@dataclass(slots=True)
+class Extraction:
+    vocab_fn: object  # () -> SlotVocab, built on first use (it decodes the whole vocabulary)
+    beam: BeamDecoder  # the mode-"extract" decoder (parity swaps in a greedy one as its control)
+    floor_prompt: object = None  # (SlotJob) -> token ids of its prompt with user contents emptied
+    pack: object = pack_trees  # (items, max_num_tokens) -> batches, packed as the engine packs its passes
+    jobs: list[SlotJob] = field(default_factory=list)
+
+    def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
+        """Start a job for every slot read in this pass; take its first step from the read."""
+        jobs: dict[int, SlotJob] = {}  # row of output.slot_logprobs -> its slot's job
+        for packed in batch.trees:
+            request_index = packed.owner.request_index
+            for offset, branch_index in enumerate(packed.tree.slot_branch):
+                slot = packed.slot_start + offset
+                branch = packed.tree.branches[branch_index]
+                jobs[slot] = SlotJob(request_index, branch.query_index, branch.combination_index, branch.slot,
+                                     branch.branch_point, output.slot_kv[slot], start_state(branch.slot),
+                                     decoder_for(branch.slot, self.beam), values=branch.values)
+        if jobs:
+            _first_step(jobs, output.slot_logprobs, self.vocab_fn())
+            self.jobs += jobs.values()
+
+    def run(self, runner, max_num_rows: int) -> None:
+        """Decoding passes until every slot is finished; then the floors the slots asked for."""
+        _decode(self.jobs, runner, max_num_rows, self.vocab_fn() if self.jobs else None)
+        self._floors(runner, max_num_rows)
+
+    def _floors(self, runner, max_num_rows: int) -> None:
+        """Each `floor` slot's floor prompt is read as a slot of its own tree (batch invariant,
+        as a slot), then the listed answers' paths are fed through it (ForcedDecoder)."""
+        asked = [job for job in self.jobs if job.spec.floor]
+        items = []
+        for job in asked:
+            job.floor_logprobs = {}
+            listed, _ = answers(job.state)
+            paths = list(dict.fromkeys(tuple(path.ids) for answer in listed for path in answer.paths))
+            if paths:
+                branch = slot_branch(job.query_index, job.combination_index, job.values, "", self.floor_prompt(job),
+                                     job.spec)
+                items.append(((job, paths), build_tree([branch])))
+        if not items:
+            return
+        vocab = self.vocab_fn()
+        floor_jobs: list[tuple[SlotJob, SlotJob]] = []  # (the slot, its floor's forced job)
+        for batch, output in runner.run_all(self.pack(items, max_num_rows)):
+            started: dict[int, SlotJob] = {}  # row of output.slot_logprobs -> the floor's forced job
+            for packed in batch.trees:
+                job, paths = packed.owner
+                state = DecodeState(job.spec, [Hypothesis([], 0.0, "")])
+                started[packed.slot_start] = SlotJob(
+                    job.request_index, job.query_index, job.combination_index, job.spec,
+                    packed.tree.branches[0].branch_point, output.slot_kv[packed.slot_start], state,
+                    ForcedDecoder(paths), pass_ids={output.pass_id})
+                job.num_floor_tokens += packed.tree.num_tokens
+                floor_jobs.append((job, started[packed.slot_start]))
+            _first_step(started, output.slot_logprobs, vocab)
+        _decode([forced for _, forced in floor_jobs], runner, max_num_rows, vocab)
+        for job, forced in floor_jobs:
+            job.floor_logprobs = forced.decoder.logprobs
+            job.num_floor_tokens += forced.num_decoded_tokens
+            job.pass_ids |= forced.pass_ids
+
+
+def _first_step(jobs: dict[int, SlotJob], slot_logprobs: torch.Tensor, vocab: SlotVocab) -> None:
+    """Each job's first decoder step, from its row of the read's slot distributions."""
+    needs: list[RowNeed | None] = [None] * slot_logprobs.shape[0]
+    for row, job in jobs.items():
+        [needs[row]] = job.decoder.needs(job.state, vocab)
+    candidates = select(slot_logprobs, needs, vocab)
+    for row, job in jobs.items():
+        job.decoder.advance(job.state, [candidates[row]], vocab)
+
+
+def _decode(jobs: list[SlotJob], runner, max_num_rows: int, vocab: SlotVocab | None) -> None:
+    """Decoding passes over the jobs' kept K/V until every one is done."""
+    store = KVStore()  # the jobs' K/V while they are decoded
+    while True:
+        live = [job for job in jobs if not job.state.is_done]
+        if not live:
+            return
+        for group in _groups(live, max_num_rows):
+            batch = prepare_decode_batch(group, vocab, store)
+            candidates = runner.decode(batch)
+            for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
+                job.pass_ids.add(runner.num_passes)
+                _advance(job, span, candidates[span.start : span.start + span.num_real], vocab)
+                if job.state.is_done:
+                    store.release(job.kv)
+
+
+def _advance(job: SlotJob, span: DecodeSpan, candidates: list[Candidates], vocab: SlotVocab) -> None:
+    """The pass appended the new rows' K/V; record them, then let the decoder choose."""
+    first_row = job.kv.num_rows
+    job.kv.positions = torch.cat((job.kv.positions, span.positions[: span.num_real]))
+    for row, hyp in enumerate(job.state.live):
+        hyp.rows.append(first_row + row)
+    job.num_decoded_tokens += span.num_real
+    job.decoder.advance(job.state, candidates, vocab)
+
+
+def _groups(jobs: list[SlotJob], max_num_rows: int) -> list[list[SlotJob]]:
+    groups: list[list[SlotJob]] = [[]]
+    used = 0
+    for job in jobs:
+        size = padded(len(job.state.live), SCORE_CHUNK)
+        if groups[-1] and padded(used + size, ROW_CHUNK) > max_num_rows:
+            groups.append([])
+            used = 0
+        groups[-1].append(job)
+        used += size
+    return groups
+
+
+def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore) -> DecodeBatch:
+    """The jobs' next rows; each job's K/V gets room for them in `store` first."""
+    store.reserve([job.kv for job in jobs], [padded(len(job.state.live), SCORE_CHUNK) for job in jobs],
+                  [job.decoder.max_rows(job.spec) for job in jobs])
+    spans, input_ids, positions = decode_rows(jobs)
+    needs = [need for job, span in zip(jobs, spans, strict=True)
+             for need in job.decoder.needs(job.state, vocab) + [None] * (span.num_rows - span.num_real)]
+    return DecodeBatch(
+        jobs=jobs, input_ids=input_ids, positions=positions, decode=DecodeMetadata(spans),
+        scored_index=torch.arange(len(needs)), needs=needs, vocab=vocab,
+    )
+
+
+def decode_rows(jobs: list[SlotJob]) -> tuple[list[DecodeSpan], torch.Tensor, torch.Tensor]:
+    """Each job's live hypotheses as the next rows (its last token at its next position), a span
+    of SCORE_CHUNK-padded rows per job -> (spans, input ids [T], positions [T]), T padded to ROW_CHUNK."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    spans: list[DecodeSpan] = []
+    for job in jobs:
+        live = job.state.live
+        start, num_rows = len(input_ids), padded(len(live), SCORE_CHUNK)
+        num_pad = num_rows - len(live)
+        new_positions = [job.num_prompt_tokens + len(hyp.ids) - 1 for hyp in live] + [0] * num_pad
+        input_ids += [hyp.ids[-1] for hyp in live] + [PAD_TOKEN_ID] * num_pad
+        positions += new_positions
+        mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
+        spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, torch.tensor(new_positions, dtype=torch.long)))
+    num_pad = padded(len(input_ids), ROW_CHUNK) - len(input_ids)
+    return (spans, torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
+            torch.tensor(positions + [0] * num_pad, dtype=torch.long))

@@ -1,0 +1,96 @@
+"""Tree attention behind one seam.
+
+    PackedBatch (packer) --prepare_attention--> AttentionMetadata --tree_attention--> [T, Hq, d]
+
+Every content's token tree occupies its own span of the packed stream, aligned to
+ROW_CHUNK. Inside a span a token sees its ancestors and itself (the tree mask); nothing
+crosses spans. On CPU each span runs its own SDPA with a boolean mask, so a content's
+attention has the same shapes whatever it is packed with (batch invariance). On CUDA
+`engine.layers.attention_cuda.prepare_cuda_attention` turns the spans into a flex_attention block
+mask (`meta.block_mask`; for tree masks from the subtree ends alone, no [n, n] mask is
+made), and `tree_attention` runs the compiled flex kernel.
+Extraction slots (engine/extraction/kv_cache.py) use the same seam: on a packed pass `meta.capture`
+keeps the slots' prompt K/V per layer; on a decoding pass `meta.decode` replaces the spans
+(new rows attend to the kept K/V). Both are why every layer passes its `layer_index`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class TreeSpan:
+    start: int  # first row in the packed stream (a multiple of ROW_CHUNK)
+    mask: torch.Tensor | None  # [n, n] bool: row may attend to column (ancestor or self); pads see
+    # themselves. None when the packer left it out (CUDA reads subtree_end instead)
+    positions: torch.Tensor  # [n] depth of each token in its tree (pads: 0)
+    subtree_end: np.ndarray | None = None  # [n] int32 when `mask` is packer.tree_mask's: row i sees
+    # column j exactly when j <= i < subtree_end[j] (None: another mask)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    spans: list[TreeSpan]  # one per tree, in stream order, covering the whole stream
+    block_mask: object | None = None  # flex_attention BlockMask on CUDA, None on CPU
+    capture: object | None = None  # kv_cache.KVCapture: keep the slots' prompt K/V (packed pass)
+    decode: object | None = None  # kv_cache.DecodeMetadata: a decoding pass over kept K/V
+
+
+def span_mask(span: TreeSpan, sliding_window: int | None) -> torch.Tensor:
+    """The span's tree mask, narrowed to keys less than `sliding_window` positions back."""
+    if span.mask is None:
+        raise ValueError("this span has no dense mask: pack with dense_masks=True for CPU attention")
+    if sliding_window is None:
+        return span.mask
+    distance = span.positions[:, None] - span.positions[None, :]  # [n, n]
+    return span.mask & (distance < sliding_window)
+
+
+def tree_attention(
+    q: torch.Tensor,  # [T, Hq, d]
+    k: torch.Tensor,  # [T, Hkv, d]
+    v: torch.Tensor,  # [T, Hkv, d]
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    layer_index: int = 0,
+) -> torch.Tensor:  # [T, Hq, d]
+    if meta.capture is not None:
+        meta.capture.save(layer_index, k, v)
+    if meta.decode is not None:
+        from engine.layers.decode_attention import decode_attention
+
+        return decode_attention(q, k, v, meta.decode, layer_index, scale, sliding_window)
+    if meta.block_mask is not None:
+        from engine.layers.attention_cuda import (
+            flex_tree_attention,  # imports flex_attention lazily
+        )
+
+        return flex_tree_attention(q, k, v, meta.block_mask, scale, sliding_window)
+    out = torch.empty_like(q)
+    for span in meta.spans:
+        rows = slice(span.start, span.start + span.num_tokens)
+        mask = span_mask(span, sliding_window)
+        out[rows] = sdpa(q[rows], k[rows], v[rows], mask, scale)
+    return out
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [n, Hq, d], k/v: [m, Hkv, d], mask: [n, m] -> [n, Hq, d]."""
+    num_groups = q.shape[1] // k.shape[1]
+    if num_groups > 1:
+        k = k.repeat_interleave(num_groups, dim=1)
+        v = v.repeat_interleave(num_groups, dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    )  # [Hq, n, d]
+    return out.transpose(0, 1)

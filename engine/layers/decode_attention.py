@@ -1,0 +1,171 @@
+"""Attention of a decoding pass: new rows against the K/V a slot kept from the read.
+
+    DecodeSpan per slot (its live hypotheses' new tokens, its SlotKV in an arena)
+        --group_spans--> DecodeGroup per (arena, rows per slot): host index tensors and masks,
+        built once per pass
+    decode_attention, per layer and group: the new rows' K/V are written into their slots'
+        entries in place, then ONE SDPA over the group's entries [B, Hkv, C, d]
+
+The arenas and the capture that fills them are engine/extraction/kv_cache.py; that module's
+docstring states the batch-invariance argument for the shapes used here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from engine.layers.ops import to_device
+
+if TYPE_CHECKING:
+    from engine.extraction.kv_cache import KVArena, SlotKV
+
+
+@dataclass(slots=True)
+class DecodeSpan:
+    start: int  # first row in the decoding stream (a multiple of SCORE_CHUNK)
+    num_rows: int  # rows of this slot, padded to SCORE_CHUNK
+    num_real: int  # live hypotheses (rows past them are padding)
+    kv: SlotKV  # in its arena, with room for num_rows more rows
+    mask: torch.Tensor  # [num_rows, L + num_rows] bool over (slot rows so far, then the new rows)
+    positions: torch.Tensor  # [num_rows] long positions of the new rows
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """The spans of a pass in one arena with the same rows per slot: one SDPA per layer over
+    the arena's entries [first_entry, first_entry + num_entries). Host tensors; `on` copies."""
+
+    arena: KVArena
+    first_entry: int
+    num_entries: int  # B
+    num_rows: int  # n rows per entry
+    query_rows: torch.Tensor  # [B * n] long stream row of each query (row 0 for entries not in the pass)
+    rows: torch.Tensor  # [P * n] long stream rows of the group's spans
+    write_rows: torch.Tensor  # [P * n] long their K/V's rows in the arena's flat [E * C] rows
+    out_rows: torch.Tensor  # [P * n] long their rows in the group's flat [B * n] output
+    mask: torch.Tensor  # [B, n, C] bool
+    positions: torch.Tensor  # [B, n] long positions of the queries
+    key_positions: torch.Tensor  # [B, C] long positions of the keys (0 past a slot's rows)
+    _on: dict = field(default_factory=dict, repr=False)  # device / (window, device, G) -> tensors there
+
+    def indices(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(query_rows, rows, write_rows, out_rows) on `device`, copied once per pass."""
+        if device not in self._on:
+            self._on[device] = tuple(to_device(t, device) for t in
+                                     (self.query_rows, self.rows, self.write_rows, self.out_rows))
+        return self._on[device]
+
+    def attention_mask(self, sliding_window: int | None, device: torch.device, num_groups: int) -> torch.Tensor:
+        """[B, 1, G * n, C]: `mask` narrowed to keys less than `sliding_window` positions back,
+        repeated for the G query heads folded into each kv head; made once per pass."""
+        key = (sliding_window, device, num_groups)
+        if key not in self._on:
+            mask = self.mask
+            if sliding_window is not None:
+                mask = mask & (self.positions[:, :, None] - self.key_positions[:, None, :] < sliding_window)
+            b, n, c = mask.shape
+            mask = mask[:, None, None].expand(b, 1, num_groups, n, c).reshape(b, 1, num_groups * n, c)
+            self._on[key] = to_device(mask, device)
+        return self._on[key]
+
+
+@dataclass(slots=True)
+class DecodeMetadata:
+    spans: list[DecodeSpan]  # one per slot in the pass
+    groups: list[DecodeGroup] = field(init=False)  # group_spans(spans): one SDPA per group and layer
+
+    def __post_init__(self) -> None:
+        self.groups = group_spans(self.spans)
+
+
+def group_spans(spans: list[DecodeSpan]) -> list[DecodeGroup]:
+    """The spans grouped by (arena, rows per slot), in order of first appearance."""
+    by_key: dict[tuple[int, int], list[DecodeSpan]] = {}
+    for span in spans:
+        by_key.setdefault((id(span.kv.arena), span.num_rows), []).append(span)
+    return [_group(members) for members in by_key.values()]
+
+
+def _group(spans: list[DecodeSpan]) -> DecodeGroup:
+    arena, n = spans[0].kv.arena, spans[0].num_rows
+    capacity = arena.capacity
+    first = min(span.kv.entry for span in spans)
+    num_entries = max(span.kv.entry for span in spans) + 1 - first
+    query_rows = torch.zeros(num_entries, n, dtype=torch.long)
+    mask = torch.zeros(num_entries, n, capacity, dtype=torch.bool)
+    mask[:, :, 0] = True  # entries not in the pass: a dummy query that sees one (finite) key
+    positions = torch.zeros(num_entries, n, dtype=torch.long)
+    key_positions = torch.zeros(num_entries, capacity, dtype=torch.long)
+    rows, write_rows, out_rows = [], [], []
+    for span in spans:
+        entry, num_kept = span.kv.entry - first, span.kv.num_rows
+        new = torch.arange(n)
+        query_rows[entry] = span.start + new
+        mask[entry] = False
+        mask[entry, :, : num_kept + n] = span.mask
+        positions[entry] = span.positions
+        key_positions[entry, : num_kept + n] = torch.cat((span.kv.positions, span.positions))
+        rows.append(span.start + new)
+        write_rows.append(span.kv.entry * capacity + num_kept + new)
+        out_rows.append(entry * n + new)
+    return DecodeGroup(arena, first, num_entries, n, query_rows.flatten(), torch.cat(rows), torch.cat(write_rows),
+                       torch.cat(out_rows), mask, positions, key_positions)
+
+
+def decode_attention(
+    q: torch.Tensor,  # [T, Hq, d]
+    k: torch.Tensor,  # [T, Hkv, d]
+    v: torch.Tensor,  # [T, Hkv, d]
+    meta: DecodeMetadata,
+    layer: int,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [T, Hq, d]; rows outside every span are zero
+    out = torch.zeros_like(q)
+    for group in meta.groups:
+        query_rows, rows, write_rows, out_rows = group.indices(q.device)
+        keys, values = group.arena.keys[layer], group.arena.values[layer]  # [E, C, Hkv, d]
+        keys.view(-1, *k.shape[1:]).index_copy_(0, write_rows, k.index_select(0, rows))  # in place
+        values.view(-1, *v.shape[1:]).index_copy_(0, write_rows, v.index_select(0, rows))
+        entries = slice(group.first_entry, group.first_entry + group.num_entries)
+        num_groups = q.shape[1] // k.shape[1]
+        attended = F.scaled_dot_product_attention(
+            _fold(q.index_select(0, query_rows), group.num_rows, k.shape[1]),  # [B, Hkv, G * n, d]
+            keys[entries].transpose(1, 2),  # [B, Hkv, C, d], a view
+            values[entries].transpose(1, 2),
+            attn_mask=group.attention_mask(sliding_window, q.device, num_groups),
+            scale=scale,
+        )  # [B, Hkv, G * n, d]
+        out.index_copy_(0, rows, _unfold(attended, group.num_rows).index_select(0, out_rows))
+    return out
+
+
+def _fold(q: torch.Tensor, n: int, num_kv_heads: int) -> torch.Tensor:
+    """[B * n, Hq, d] -> [B, Hkv, G * n, d]: query head h = kv head h // G (as repeat_interleave)."""
+    rows, num_heads, d = q.shape
+    g = num_heads // num_kv_heads
+    return q.view(rows // n, n, num_kv_heads, g, d).permute(0, 2, 3, 1, 4).reshape(rows // n, num_kv_heads, g * n, d)
+
+
+def _unfold(out: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, Hkv, G * n, d] -> [B * n, Hq, d]."""
+    b, num_kv_heads, gn, d = out.shape
+    g = gn // n
+    return out.view(b, num_kv_heads, g, n, d).permute(0, 3, 1, 2, 4).reshape(b * n, num_kv_heads * g, d)
+
+
+def decode_mask(kv: SlotKV, hypothesis_rows: list[list[int]], num_rows: int) -> torch.Tensor:
+    """[num_rows, L + num_rows]: a live hypothesis sees the prompt, its own decoded rows and
+    itself; a padding row only itself."""
+    num_kept = kv.num_rows
+    mask = torch.zeros(num_rows, num_kept + num_rows, dtype=torch.bool)
+    for row, own in enumerate(hypothesis_rows):
+        mask[row, : kv.num_prompt_rows] = True
+        mask[row, own] = True
+    index = torch.arange(num_rows)
+    mask[index, num_kept + index] = True
+    return mask

@@ -1,0 +1,1 @@
+"""Loading: served model names, GGUF conversion, checkpoints, weight quantization."""

@@ -1,0 +1,1 @@
+"""The scoring pipeline, a module per stage: prompts -> tokenize -> compiler -> tree -> packer -> runner -> scorer -> responses."""

@@ -1,0 +1,162 @@
+"""Compile a scoring request into branches of whole-string token sequences.
+
+    ScoringRequest --compile_request--> CompiledRequest(branches=[Branch per (query, combination)])
+
+For every (query, combination) the prompt is prefix + filled template, and every option is
+scored on `tokenizer(prompt + option)`: the tokens of the whole string, never the
+concatenation of separately tokenized parts, because tokenizers merge across the boundary.
+The branch point is the longest common token prefix of the prompt and every
+prompt + option; an option's logprob covers its tokens from there on.
+Floors (the same question with user contents emptied) are branches too, keyed so that
+identical floors are computed once (engine/pipeline/floors.py caches them).
+An extraction slot ({*} {n} {$}) is a branch with one sequence, its prompt, and no scored
+token: the read keeps its K/V and its next-token distribution, and decoding starts there
+(engine/extraction/decoding.py). Slots get a floor only when the query asks (`floor: true`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from contract.protocol import Query, ScoringRequest
+from contract.templates import OPTION_SLOT, expand_grid, parse_template
+from engine.extraction.slots import SlotSpec, slot_spec
+from engine.pipeline.prompts import PromptError, PromptRenderer
+from engine.pipeline.tokenize import Tokenize
+
+
+class FloorKey(NamedTuple):
+    """What a floor depends on (the fingerprint is the cache's own). A named tuple: hashed and
+    compared in C, since every batch looks up each request's keys (news: 1,344 lookups)."""
+
+    empty_prefix: str  # the rendered prefix with user contents emptied
+    answer_in: str
+    filled_template: str
+    options: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Branch:
+    """One (query, combination): the sequences scored for its options."""
+
+    query_index: int
+    combination_index: int
+    values: dict[str, str]
+    prompt_text: str  # prefix + filled template (the text before the options)
+    option_ids: list[list[int]]  # whole-string tokens of prompt + option, per option
+    branch_point: int  # tokens shared by the prompt and every prompt + option
+    floor_key: FloorKey | None  # None for a floor branch itself, and for a slot
+    slot: SlotSpec | None = None  # an extraction slot: option_ids holds only the prompt
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.branch_point
+
+
+@dataclass(slots=True)
+class CompiledRequest:
+    request: ScoringRequest
+    branches: list[Branch]
+    max_num_tokens: int  # the longest whole sequence (for the model's context limit)
+    floor_keys: list[FloorKey] = field(default_factory=list)  # distinct, in first-use order
+    packs: list = field(default_factory=list)  # the named packs (spinf_jobs Pack), whose queries `request` holds
+    tree: object | None = None  # tree.TokenTree of `branches` once built (Engine.count_tokens), reused to pack
+
+
+def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize) -> CompiledRequest:
+    prefixes: dict[tuple[str, bool], str] = {}
+
+    def prefix(answer_in: str, is_floor: bool) -> str:
+        if (answer_in, is_floor) not in prefixes:
+            prefixes[answer_in, is_floor] = renderer.render_prefix(request.messages, answer_in, is_floor)
+        return prefixes[answer_in, is_floor]
+
+    floor_keys: dict[FloorKey, None] = {}
+    queries = request.scoring.queries
+    pending: dict[str, list[tuple[int, int, dict[str, str], str, list[str], FloorKey]]] = {}
+    for query_index, query in enumerate(request.scoring.queries):
+        slot = slot_spec(query) if query.slot != OPTION_SLOT else None
+        for combination_index, values, filled in _combinations(query):
+            floor_key = None
+            if slot is None:
+                floor_key = FloorKey(prefix(query.answer_in, True), query.answer_in, filled, tuple(query.options))
+                floor_keys[floor_key] = None
+            item = (query_index, combination_index, values, filled, query.options, floor_key)
+            pending.setdefault(query.answer_in, []).append(item)
+    branches: list[Branch] = []
+    for answer_in, items in pending.items():  # one tokenizer call per rendered prefix
+        content = prefix(answer_in, False)
+        suffixes = [text for *_, filled, options, _ in items for text in (filled, *(filled + o for o in options))]
+        token_ids = iter(tokenize.continuations(content, suffixes))
+        for q, c, values, filled, options, key in items:
+            ids = [next(token_ids) for _ in range(len(options) + 1)]
+            if key is None:
+                branches.append(slot_branch(q, c, values, content + filled, ids[0], slot_spec(queries[q])))
+            else:
+                branches.append(make_branch(q, c, values, content + filled, ids, key))
+    branches.sort(key=lambda b: (b.query_index, b.combination_index))
+    max_num_tokens = max(len(ids) + (b.slot.max_tokens if b.slot else 0) for b in branches for ids in b.option_ids)
+    return CompiledRequest(request, branches, max_num_tokens, list(floor_keys))
+
+
+def compile_floor(key: FloorKey, tokenize: Tokenize) -> Branch:
+    """The floor of one (template, options) as a branch of its own tree."""
+    suffixes = [key.filled_template, *(key.filled_template + option for option in key.options)]
+    token_ids = tokenize.continuations(key.empty_prefix, suffixes)
+    return make_branch(0, 0, {}, key.empty_prefix + key.filled_template, token_ids, None)
+
+
+def make_branch(
+    query_index: int,
+    combination_index: int,
+    values: dict[str, str],
+    prompt: str,
+    token_ids: list[list[int]],  # tokens of the prompt, then of prompt + each option
+    floor_key: FloorKey | None,
+) -> Branch:
+    prompt_ids, *option_ids = token_ids
+    branch_point = _common_prefix_length(token_ids)
+    if branch_point == 0:
+        raise PromptError(
+            "scoring.queries.template",
+            "no token precedes the options: give the template some text before {?}",
+        )
+    return Branch(query_index, combination_index, values, prompt, option_ids, branch_point, floor_key)
+
+
+def slot_branch(
+    query_index: int, combination_index: int, values: dict[str, str], prompt: str, prompt_ids: list[int], slot: SlotSpec
+) -> Branch:
+    """An extraction slot: its prompt is read like a question; decoding continues after it."""
+    if not prompt_ids:
+        raise PromptError("scoring.queries.template", "no token precedes the slot: give the template some text")
+    return Branch(query_index, combination_index, values, prompt, [prompt_ids], len(prompt_ids), None, slot)
+
+
+def _combinations(query: Query):
+    parsed = parse_template(query.template)
+    # the grid follows the order of `values` in the request (last name varies fastest)
+    for index, values in enumerate(expand_grid(tuple(query.values), query.values)):
+        yield index, values, parsed.fill(values)
+
+
+def _common_prefix_length(sequences: list[list[int]]) -> int:
+    """Length of the longest common prefix of all sequences."""
+    first = sequences[0]
+    return min((_prefix_length(first, other) for other in sequences[1:]), default=len(first))
+
+
+def _prefix_length(a: list[int], b: list[int]) -> int:
+    """Longest common prefix of two lists, by bisection on slice equality (compared in C;
+    the prompt's few hundred shared tokens made the token-by-token loop a third of compile)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

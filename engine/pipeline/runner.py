@@ -1,0 +1,165 @@
+"""Run one packed pass through the model and read the scored tokens' log-probabilities.
+
+    PackedBatch (CPU tensors) --prepare--> device tensors --model--> logits [S, V]
+        --log-softmax (row log-sum-exp kernel on CUDA)--> RunnerOutput(target_logprobs [S])
+
+The LM head runs only at the scored rows (inside the model). The log-softmax of a row never
+depends on how many rows the pass has: one program per row with fixed V chunks on CUDA,
+fixed SCORE_CHUNK-row blocks on CPU.
+A pass with extraction slots also returns their whole next-token distributions and the K/V
+of their prompts (kept for decoding); `decode` runs a decoding pass over that K/V:
+
+    DecodeBatch (engine/extraction/decoding.py) --model--> logits [S, V] --log-softmax--> [S, V]
+        --decoder.select (on the device)--> each row's top k+1 candidates and END mass
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.extraction.kv_cache import SlotKV
+from engine.kernels.logprobs import option_logprobs, row_logsumexp
+from engine.layers.attention import AttentionMetadata
+from engine.layers.ops import SCORE_CHUNK, to_device
+from engine.pipeline.packer import PackedBatch
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    pass_id: int  # engine-global counter of forward passes
+    target_logprobs: torch.Tensor  # [S] float32 on CPU: log P(target token | row)
+    slot_logprobs: torch.Tensor | None = None  # [R, V] float32 on CPU: next-token log-probs per slot
+    slot_kv: list[SlotKV] = field(default_factory=list)  # [R] each slot's prompt K/V (on the device)
+
+
+@dataclass(slots=True)
+class _Launched:
+    output: RunnerOutput  # host tensors that fill in when `done` fires
+    done: object | None  # a CUDA event recorded after the copies (None on CPU)
+
+    def wait(self, while_waiting: Callable[[], bool] | None = None) -> RunnerOutput:
+        """The pass's outputs. Until the pass is done, `while_waiting()` (a short piece of host
+        work that overlaps the GPU) runs again and again while it returns True."""
+        if self.done is not None:
+            while while_waiting is not None and not self.done.query() and while_waiting():
+                pass
+            self.done.synchronize()
+        return self.output
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A non-blocking copy into pinned host memory on CUDA (read it after the pass's event)."""
+    if tensor.device.type == "cpu":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+
+
+def _record_event(device: torch.device):
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.num_passes = 0
+
+    def run_all(
+        self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[PackedBatch, RunnerOutput]]:
+        """The passes in order. The next batch is packed on the CPU (the iterator's work) while
+        the GPU runs the pass in flight; a pass's outputs are read once the next is launched.
+        `while_waiting`: host work for the waits (see _Launched.wait); CUDA only (on CPU a pass
+        is done when launched). Every wait but the last has the next pass queued behind it."""
+        in_flight: tuple[PackedBatch, _Launched] | None = None
+        for batch in batches:
+            launched = (batch, self.launch(batch))
+            if in_flight is not None:
+                yield in_flight[0], in_flight[1].wait(while_waiting)
+            in_flight = launched
+        if in_flight is not None:
+            yield in_flight[0], in_flight[1].wait(while_waiting)
+
+    def run(self, batch: PackedBatch) -> RunnerOutput:
+        return self.launch(batch).wait()
+
+    @torch.inference_mode()
+    def launch(self, batch: PackedBatch) -> _Launched:
+        """Queue one pass on the device; its outputs start copying to the host when it ends."""
+        attention = self.prepare_attention(batch.attention)
+        attention.capture = batch.attention.capture  # whatever prepare built, slots keep their K/V
+        logits = self.model(
+            to_device(batch.input_ids, self.device),
+            to_device(batch.positions, self.device),
+            attention,
+            to_device(batch.scored_index, self.device),
+        )  # [S, V] float32
+        self.num_passes += 1
+        target_logprobs = gather_logprobs(logits, to_device(batch.scored_targets, self.device))
+        slot_logprobs = None
+        if batch.slot_index is not None:
+            slot_logprobs = _to_host(chunked_log_softmax(logits[to_device(batch.slot_index, self.device)]))
+        output = RunnerOutput(pass_id=self.num_passes, target_logprobs=_to_host(target_logprobs))
+        output.slot_logprobs = slot_logprobs
+        if batch.slot_index is not None:
+            output.slot_kv = batch.attention.capture.split()
+        return _Launched(output, _record_event(self.device))
+
+    @torch.inference_mode()
+    def decode(self, batch) -> list:
+        """One decoding pass (engine/extraction.DecodeBatch) -> per scored row, the Candidates
+        its hypothesis asked for (None for padding). The log-softmax ([S, V], row by row as in
+        `chunked_log_softmax`), the masks and the top-k stay on the device: only [S, k]
+        log-probs and ids, END masses and sampled rows reach the host (engine/decoder.select)."""
+        logits = self.model(
+            to_device(batch.input_ids, self.device),
+            to_device(batch.positions, self.device),
+            AttentionMetadata(spans=[], decode=batch.decode),
+            to_device(batch.scored_index, self.device),
+        )  # [S, V] float32
+        self.num_passes += 1
+        return batch.select(chunked_log_softmax(logits, out=logits))  # in place: no second [S, V]
+
+    def prepare_attention(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """CPU: the span masks as they are. CUDA: a flex_attention block mask built from them."""
+        if self.device.type == "cpu":
+            return meta
+        from engine.layers.attention_cuda import prepare_cuda_attention
+
+        return prepare_cuda_attention(meta, self.device)
+
+
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits: [S, V], targets: [S] -> [S] log-softmax(logits)[row, target]. CUDA: one Triton
+    launch (a row's log-sum-exp in fixed V chunks, engine/kernels/logprobs.py); CPU: torch's
+    log-softmax per SCORE_CHUNK rows. Either way a row's value depends on that row alone."""
+    if logits.is_cuda:
+        return option_logprobs(logits, torch.arange(logits.shape[0], device=logits.device), targets)
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], SCORE_CHUNK):
+        rows = slice(start, start + SCORE_CHUNK)
+        logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+        out[rows] = logprobs.gather(1, targets[rows, None])[:, 0]
+    return out
+
+
+def chunked_log_softmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[S, V] -> [S, V] float32 log-softmax, a row's value never depending on how many rows the
+    pass has (CUDA: logits - the row log-sum-exp kernel; CPU: SCORE_CHUNK-row blocks).
+    `out=logits` (float32) works in place."""
+    if out is None:
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    if logits.is_cuda:
+        return torch.sub(logits.float(), row_logsumexp(logits)[:, None], out=out)
+    for start in range(0, logits.shape[0], SCORE_CHUNK):
+        rows = slice(start, start + SCORE_CHUNK)
+        out[rows] = torch.log_softmax(logits[rows].float(), dim=-1)
+    return out

@@ -1,0 +1,27 @@
+"""Turn the scored tokens' log-probabilities into option scores.
+
+    RunnerOutput.target_logprobs + PackedTree --option_logprobs--> [branch][option] logprob
+    logprobs (+ floor p) --score_options--> p, floor_p, residual
+
+logprob = sum of an option's token log-probabilities after the branch point;
+p = exp(logprob) normalised over the query's options (a softmax of the logprobs);
+residual = max(0, 1 - sum exp(logprob)): the probability of continuing with none of them.
+Sums run in float64, token by token in sequence order, so they do not depend on the pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from contract.probability import normalise, residual  # noqa: F401 (the scorer's API)
+from engine.pipeline.packer import PackedTree
+
+
+def option_logprobs(tree: PackedTree, target_logprobs: torch.Tensor) -> list[list[float]]:
+    """[branch][option] summed log-probabilities for one packed tree."""
+    sums = [[0.0] * len(branch.option_ids) for branch in tree.tree.branches]
+    num_scored = len(tree.tree.scored_nodes)
+    values = target_logprobs[tree.score_start : tree.score_start + num_scored].tolist()
+    for value, branch, option in zip(values, tree.tree.scored_branch, tree.tree.scored_option, strict=True):
+        sums[branch][option] += value
+    return sums

@@ -1,0 +1,181 @@
+"""CLI for the service: `spinf-jobs serve | api | worker | demo`.
+
+    serve   embedded default: no SPINF_REDIS_URL -> local Redis in data_dir, API on :8000, one
+            worker thread (CPU when there is no GPU)
+    api     the HTTP API alone (scaled deployment, SPINF_REDIS_URL required)
+    worker  one GPU worker: loads its models once, drains their queue pairs greedily
+    demo    serve + submit fixtures/demo as a job + progress + a summary
+
+Settings come from SPINF_* env vars (contract/settings.py); flags override the few that
+matter per process. `--packs DIR` (repeatable; serve, api, worker) adds prompt-pack folders
+to SPINF_PACKS_DIRS: the API lists and checks them, the workers' engines apply them. `add_service_commands(subparsers)` is wired into spinf_jobs/cli.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+DEMO_CHUNK_NUM_ROWS = 8  # small chunks: a live progress bar, and several chunks per pass
+DEMO_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+def add_service_commands(subparsers) -> None:
+    serve = subparsers.add_parser("serve", help="API + one worker (+ a local Redis when SPINF_REDIS_URL is unset)")
+    _add_http_flags(serve)
+    _add_engine_flags(serve)
+    _add_packs_flag(serve)
+    serve.set_defaults(handler=_serve)
+
+    api = subparsers.add_parser("api", help="the HTTP API alone (needs SPINF_REDIS_URL)")
+    _add_http_flags(api)
+    _add_packs_flag(api)
+    api.set_defaults(handler=_api)
+
+    worker = subparsers.add_parser("worker", help="a worker: load models once, score queued jobs greedily")
+    _add_engine_flags(worker)
+    _add_packs_flag(worker)  # the workers' engines apply the packs the API accepts
+    worker.add_argument("--name", default=None, help="worker name (default: host + random suffix)")
+    worker.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+    worker.set_defaults(handler=_worker)
+
+    demo = subparsers.add_parser("demo", help="start the embedded service, score fixtures/demo as a job, summarise")
+    _add_http_flags(demo)
+    _add_engine_flags(demo)
+    demo.add_argument("--dataset", type=Path, default=None, help="JSONL of {custom_id, text|messages}")
+    demo.add_argument("--scoring", type=Path, default=None, help="scoring spec JSON ({queries: [...]})")
+    demo.add_argument("--pack", action="append", default=[], metavar="ID",
+                      help="also ask every row a prompt pack, e.g. spinf/support-triage (repeatable; GET /v1/packs)")
+    _add_packs_flag(demo)
+    # smaller passes than a server's: the progress bar moves pass by pass on a CPU (same scores)
+    demo.set_defaults(handler=_demo, max_num_batched_tokens=DEMO_MAX_NUM_BATCHED_TOKENS)
+
+
+def _add_http_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+
+
+def _add_packs_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--packs", action="append", default=None, metavar="DIR",
+                        help="a folder of prompt packs loaded on top of the official ones; repeatable"
+                             " (adds to SPINF_PACKS_DIRS)")
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", action="append", default=None,
+                        help=f"served model name or local HF folder; repeat for several (default {DEFAULT_MODEL})")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="token budget of a pass")
+
+
+def _settings(args: argparse.Namespace):
+    import os
+
+    from contract.settings import get_settings
+
+    settings = get_settings()
+    models = getattr(args, "model", None)
+    if models and "SPINF_DEFAULT_MODEL" not in os.environ:  # the first --model is the default
+        settings = settings.model_copy(update={"default_model": models[0]})
+    packs = getattr(args, "packs", None)
+    if packs:
+        settings = settings.model_copy(update={"packs_dirs": [*settings.packs_dirs, *(Path(p) for p in packs)]})
+    return settings
+
+
+def _load(args: argparse.Namespace, settings) -> dict:
+    from spinf_jobs.embedded import load_engines
+
+    print(f"loading {', '.join(args.model or [settings.default_model])} on {args.device} ...", file=sys.stderr)
+    pack_dirs = tuple(str(p) for p in settings.packs_dirs)
+    engines = load_engines(args.model or [settings.default_model], args.device, args.max_num_batched_tokens, pack_dirs)
+    return engines
+
+
+def _served_default(settings, engines: dict):
+    """The default model must be a name the workers serve (a folder path becomes its served name)."""
+    if settings.default_model in engines:
+        return settings
+    return settings.model_copy(update={"default_model": next(iter(engines))})
+
+
+def _start_embedded(args: argparse.Namespace, needs_key: bool = False, chunk_num_rows: int | None = None):
+    from spinf_jobs.embedded import EmbeddedService, embedded_settings, ensure_local_key
+
+    settings, handle = embedded_settings(_settings(args))
+    if chunk_num_rows:
+        settings = settings.model_copy(update={"chunk_num_rows": chunk_num_rows})
+    settings, token = ensure_local_key(settings, always=needs_key)
+    engines = _load(args, settings)
+    settings = _served_default(settings, engines)
+    service = EmbeddedService(settings, engines, host=args.host, port=args.port, redis_handle=handle).start()
+    return service, token
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import threading
+
+    service, token = _start_embedded(args)
+    models = ", ".join(service.engines)
+    print(f"spinf-jobs serving {models} at {service.base_url} (Redis: {service.settings.redis_url})")
+    if token:
+        print(f"API key (also in {service.settings.data_dir / 'api-key'}): {token}")
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    service.stop()
+    return 0
+
+
+def _api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    uvicorn.run(create_app(_settings(args)), host=args.host, port=args.port)
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from spinf_jobs.embedded import make_worker
+
+    settings = _settings(args)
+    if not settings.redis_url:
+        print("spinf-jobs worker needs SPINF_REDIS_URL (or use `spinf-jobs serve`)", file=sys.stderr)
+        return 2
+    worker = make_worker(settings, _load(args, settings), name=args.name)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # finish the batch in hand, then leave
+        signal.signal(sig, lambda *_: worker.stop())
+    print(f"worker {worker.name} serving {', '.join(worker.engines)}", file=sys.stderr)
+    worker.run(burst=args.burst)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from spinf_jobs.demo import run_demo
+
+    logging.getLogger("rq").setLevel(logging.WARNING)  # keep the progress bar readable
+    service, token = _start_embedded(args, needs_key=True, chunk_num_rows=DEMO_CHUNK_NUM_ROWS)
+    try:
+        return run_demo(service, token, args.dataset, args.scoring, args.pack)
+    finally:
+        service.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m spinf_jobs.service_commands ...`: the same commands without the top-level CLI."""
+    logging.basicConfig(level=logging.WARNING)
+    parser = argparse.ArgumentParser(prog="spinf-jobs")
+    add_service_commands(parser.add_subparsers(title="commands"))
+    args = parser.parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+import pytest
+from pydantic import ValidationError
+
+from contract.protocol import ScoringRequest
+
+
+def request(**query):
+    base = {"id": "q", "template": "Answer:{?}", "options": [" yes", " no"]}
+    base.update(query)
+    return {"messages": [{"role": "user", "content": "hello"}], "scoring": {"queries": [base]}}
+
+
+def test_valid_request_parses():
+    parsed = ScoringRequest.model_validate(request())
+    assert parsed.scoring.queries[0].answer_in == "user"
+
+
+@pytest.mark.parametrize(
+    "query, field_fragment",
+    [
+        ({"options": [" yes"]}, "at least 2 options"),
+        ({"options": [" yes", " yes"]}, "duplicate option"),
+        ({"options": [" yes", ""]}, "an option is empty"),
+        ({"options": [str(i) for i in range(256)]}, "at most 255"),
+        ({"template": "no slot"}, "no slot"),
+        ({"template": "{?}{?}"}, "two slots"),
+        ({"template": "Q {x}?{?}"}, "have no values"),
+        ({"values": {"x": ["1"]}}, "not used in the template"),
+        ({"template": 'A: "{*}"'}, "takes no options"),
+        ({"template": "A: {*}", "options": []}, "needs closing text"),
+        ({"template": "A:{n}", "options": [], "mode": "generate"}, "needs the {*} slot"),
+        ({"template": 'A: "{*}"', "options": [], "seed": 1}, "only mode 'generate' samples"),
+        ({"template": 'A: "{*}"', "options": [], "mode": "generate", "beam_width": 3}, "beam_width"),
+        ({"template": 'A: "{*}"', "options": [], "beam_width": 0}, "beam_width"),
+        ({"template": 'A: "{*}"', "options": [], "max_tokens": 100000}, "max_tokens"),
+        ({"template": 'A: "{*}" {n}', "options": []}, "two slots"),
+        ({"beam_width": 3}, "only extraction slots"),
+        ({"mode": "generate"}, "only extraction slots"),
+        ({"template": "Q {x}{?}", "values": {"x": []}}, "at least one value"),
+        ({"answer_in": "robot"}, "answer_in"),
+    ],
+)
+def test_bad_queries_are_rejected_with_a_reason(query, field_fragment):
+    with pytest.raises(ValidationError) as error:
+        ScoringRequest.model_validate(request(**query))
+    assert field_fragment in str(error.value)
+
+
+def test_duplicate_query_ids_rejected():
+    body = request()
+    body["scoring"]["queries"].append(dict(body["scoring"]["queries"][0]))
+    with pytest.raises(ValidationError, match="duplicate query id"):
+        ScoringRequest.model_validate(body)
+
+
+def test_unknown_fields_rejected():
+    body = request()
+    body["scoring"]["queries"][0]["optionz"] = []
+    with pytest.raises(ValidationError, match="optionz"):
+        ScoringRequest.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    "query, max_tokens",
+    [
+        ({"template": 'A: "{*}"'}, 16),
+        ({"template": "Amount:{n}", "max_tokens": 8, "beam_width": 3}, 8),
+        ({"template": "Total:{$} (incl. VAT)"}, 16),
+        ({"template": "Summary:{*}", "mode": "generate"}, 64),
+        ({"template": "Summary: {*}\n", "mode": "generate", "seed": 7, "temperature": 0.7, "max_tokens": 5}, 5),
+    ],
+)
+def test_extraction_slots_parse(query, max_tokens):
+    parsed = ScoringRequest.model_validate(request(options=[], **query)).scoring.queries[0]
+    assert parsed.num_max_tokens == max_tokens
+    assert parsed.slot in ("*", "n", "$")
+
+
+def test_slot_and_option_results_share_one_shape():
+    from contract.protocol import Combination, OptionScore, SlotAnswer
+
+    option = Combination(values={}, options=[OptionScore(text=" yes", logprob=-0.1, p=0.9, floor_p=0.5)],
+                         residual=0.1)
+    slot = Combination(values={}, answers=[SlotAnswer(text="$12.50", value={"amount": 12.5, "currency": "USD"},
+                                                      p=0.8)], residual=0.2)
+    assert option.answers is None and option.model_dump()["options"][0]["text"] == " yes"
+    dumped = slot.model_dump()
+    assert dumped["options"] == [] and dumped["answers"][0]["value"] == {"amount": 12.5, "currency": "USD"}
+    assert Combination.model_validate_json(slot.model_dump_json()) == slot

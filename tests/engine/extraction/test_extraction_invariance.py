@@ -1,0 +1,172 @@
+"""Batched decoding attention is batch invariant (CPU, tiny random qwen3 and gemma3_text: GQA,
+sliding windows): a content's slot answers are bit-identical decoded alone or in passes
+shared with other contents' slots of other lengths (other K/V capacities, the same capacity
+at other arena entries), other widths (other rows per slot) and, with a small token budget,
+passes that hold only some of an arena's entries. On its own, decode_attention matches one
+SDPA per slot over exactly its keys, and a slot's output is bit-identical alone or in an
+entry another slot left (stale rows) and after it outgrows its arena."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine.extraction.kv_cache as kv_cache
+import engine.layers.decode_attention as decode_module
+from contract.protocol import ScoringRequest
+from engine.extraction.kv_cache import capacity_for
+from engine.layers.attention import sdpa
+
+QUERIES = [
+    {"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]},
+    {"id": "name", "template": "\n\nQ: Who wrote this?\nA: \"{*}\"", "max_tokens": 4, "floor": True},
+    {"id": "wide", "template": "\n\nThe product:{*}\n", "max_tokens": 3, "beam_width": 12},
+    {"id": "amount", "template": "\n\nQ: What amount?\nA:{$}", "max_tokens": 4, "beam_width": 3},
+    {"id": "note", "template": "\n\nA: \"{*}\"", "mode": "generate", "max_tokens": 4},
+]
+TARGET = "Maria Lopez was charged $89.97 twice in September for 3 kettles."
+FILLER = " The order number is 2291 and the parcel left the warehouse in Leeds on Monday."
+
+
+def _request(content: str, queries: list[dict]) -> ScoringRequest:
+    return ScoringRequest.model_validate({"messages": [{"role": "user", "content": content}],
+                                          "scoring": {"queries": queries}})
+
+
+def _others() -> list[ScoringRequest]:
+    """Contents from shorter than the target to ~10x longer; some ask only a wide slot."""
+    contents = [f"Note {i}:" + FILLER * i for i in (0, 1, 3, 6, 10)]
+    return [_request(c, QUERIES if i % 2 == 0 else QUERIES[2:3]) for i, c in enumerate(contents)]
+
+
+def _counting_attention(monkeypatch) -> list[tuple[int, int]]:
+    """Patch decode_attention to note (slots, SDPA groups) of every call."""
+    calls: list[tuple[int, int]] = []
+    attention = decode_module.decode_attention
+
+    def counting(q, k, v, meta, *args, **kwargs):
+        calls.append((len(meta.spans), len(meta.groups)))
+        return attention(q, k, v, meta, *args, **kwargs)
+
+    monkeypatch.setattr(decode_module, "decode_attention", counting)
+    return calls
+
+
+@pytest.mark.parametrize("family,budget", [("qwen3", None), ("gemma3_text", 128)])
+def test_slot_answers_alone_vs_batched_are_bit_identical(tiny_engine, monkeypatch, family, budget):
+    engine = tiny_engine(family) if budget is None else tiny_engine(family, max_num_batched_tokens=budget)
+    target, others = _request(TARGET, QUERIES), _others()
+    alone = engine.score_batch([target]).results[0].model_dump()
+    calls = _counting_attention(monkeypatch)
+    packed = engine.score_batch(others[:3] + [target] + others[3:]).results[3].model_dump()
+    for response in (alone, packed):
+        response.pop("usage")
+    assert alone == packed  # answers, values, p, residual, floor_p: bit for bit
+    assert any(groups < slots for slots, groups in calls), "no pass shared an SDPA between slots"
+    assert max(groups for _, groups in calls) >= 2, "every slot landed in one arena: lengths too alike"
+
+
+def test_capacity_depends_only_on_the_rows_and_bounds_the_padding():
+    capacities = [capacity_for(n) for n in range(1, 5000)]
+    assert capacities[:64] == [64] * 64
+    assert sorted(set(capacities))[:8] == [64, 96, 128, 192, 256, 384, 512, 768]
+    for n, capacity in enumerate(capacities, start=1):
+        assert n <= capacity < max(1.5 * n + 1, 65) and capacity % 32 == 0
+
+
+# ---- decode_attention on its own: arenas, entry reuse, growth ----------------------------
+
+NUM_LAYERS, HQ, HKV, D = 2, 4, 2, 16
+
+
+_HISTORY: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(slot) -> its layer-1 keys, values so far
+
+
+def _slot(num_prompt: int, seed: int) -> kv_cache.SlotKV:
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(num_prompt, HKV, D, generator=g) for _ in range(NUM_LAYERS)]
+    values = [torch.randn(num_prompt, HKV, D, generator=g) for _ in range(NUM_LAYERS)]
+    kv = kv_cache.SlotKV(keys, values, torch.arange(num_prompt), num_prompt)
+    _HISTORY[id(kv)] = (keys[1].clone(), values[1].clone())  # kept apart from the arenas
+    return kv
+
+
+def _rows(seed: int) -> tuple[torch.Tensor, ...]:
+    """q [8, Hq, d], k and v [8, Hkv, d] of one slot's rows in one pass."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(8, h, D, generator=g) for h in (HQ, HKV, HKV))
+
+
+def _attend(store, slots: list, num_real: list[int], step: int, window: int | None = None) -> list[tuple]:
+    """One pass over `slots` (8 rows each, `num_real` live; a slot's q/k/v from its prompt
+    length and the step): each slot's live output rows (layer 1) and their reference, one
+    SDPA over exactly its keys so far (the test's own copy, not the arena's) + new keys; the
+    arena's kept rows must equal that copy. The new rows join the slots."""
+    store.reserve(slots, [8] * len(slots), [0] * len(slots))
+    spans = []
+    for index, (kv, real) in enumerate(zip(slots, num_real)):
+        own = [list(range(kv.num_prompt_rows, kv.num_rows))] * real  # each row: every decoded row so far
+        positions = torch.full((8,), kv.num_rows)
+        spans.append(decode_module.DecodeSpan(8 * index, 8, real, kv, decode_module.decode_mask(kv, own, 8), positions))
+    meta = decode_module.DecodeMetadata(spans)
+    blocks = [_rows(1000 * step + kv.num_prompt_rows) for kv in slots]
+    q, k, v = (torch.cat([b[i] for b in blocks] + [torch.zeros(8, *blocks[0][i].shape[1:])]) for i in range(3))
+    references = []
+    for span in spans:  # before the pass: the slot's rows so far, and the arena's copy of them
+        kept_keys, kept_values = _HISTORY[id(span.kv)]
+        assert torch.equal(span.kv.arena.keys[1][span.kv.entry, : span.kv.num_rows], kept_keys)
+        assert torch.equal(span.kv.arena.values[1][span.kv.entry, : span.kv.num_rows], kept_values)
+        keys = torch.cat((kept_keys, k[span.start : span.start + 8]))
+        values = torch.cat((kept_values, v[span.start : span.start + 8]))
+        mask = span.mask
+        if window is not None:
+            key_positions = torch.cat((span.kv.positions, span.positions))
+            mask = mask & (span.positions[:, None] - key_positions[None, :] < window)
+        references.append(sdpa(q[span.start : span.start + 8], keys, values, mask, 0.25))
+    out = decode_module.decode_attention(q, k, v, meta, 1, 0.25, window)
+    for span in spans:
+        span.kv.positions = torch.cat((span.kv.positions, span.positions[: span.num_real]))
+        real = slice(span.start, span.start + span.num_real)
+        kept_keys, kept_values = _HISTORY[id(span.kv)]
+        _HISTORY[id(span.kv)] = (torch.cat((kept_keys, k[real])), torch.cat((kept_values, v[real])))
+    return [(out[s.start : s.start + s.num_real], r[: s.num_real]) for s, r in zip(spans, references)]
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_attention_alone_vs_reused_entries_and_growth(window):
+    alone_store, target = kv_cache.KVStore(), _slot(50, 0)
+    alone = [_attend(alone_store, [target], [3], step, window)[0][0] for step in range(4)]
+
+    store, target = kv_cache.KVStore(), _slot(50, 0)
+    first = [_slot(20, 1), _slot(40, 2), _slot(100, 3)]
+    _attend(store, first, [8, 2, 5], 99, window)  # fills entries, then frees one of the 64s
+    kv_cache.KVStore.release(first[0])
+    batched = []
+    for step in range(4):  # the target takes first[0]'s stale entry; grows past 64 keys at step 3
+        results = _attend(store, [first[1], target, first[2]], [1, 3, 8], step, window)
+        batched.append(results[1][0])
+        assert step == 3 or (target.arena is first[1].arena and target.entry == 0)  # first[0]'s old entry
+        for out, reference in results:
+            assert torch.allclose(out, reference, atol=1e-5)
+    assert target.arena.capacity == 96 and first[1].arena.capacity == 64
+    for a, b in zip(alone, batched):
+        assert torch.equal(a, b)  # bit for bit
+
+
+def test_an_arena_that_grows_keeps_the_rows_it_holds():
+    """Slots arrive at a full arena: it grows (one copy of every layer) and every slot already
+    in it keeps its rows bit for bit (_attend compares the arena with the test's own copy)."""
+    store = kv_cache.KVStore()
+    first = [_slot(20, 1), _slot(40, 2)]
+    _attend(store, first, [2, 2], 0)
+    arena, num_entries = first[0].arena, len(first[0].arena.owners)
+    more = [_slot(30, 4), _slot(10, 5), _slot(45, 6)]
+    for step in (1, 2):
+        for out, reference in _attend(store, first + more, [2, 2, 1, 1, 1], step):
+            assert torch.allclose(out, reference, atol=1e-5)
+    assert all(kv.arena is arena for kv in first + more) and len(arena.owners) > num_entries
+    full = len(arena.owners)  # every entry taken: one more slot must grow it again, at least doubling
+    last = [_slot(25, 7)]
+    for out, reference in _attend(store, first + more + last, [2, 2, 1, 1, 1, 1], 3):
+        assert torch.allclose(out, reference, atol=1e-5)
+    assert last[0].arena is arena and len(arena.owners) >= 2 * full

@@ -1,0 +1,102 @@
+"""The CLI's embedded default: `serve` with no REDIS_URL (local Redis persisted in the data
+dir, API, one worker) and `demo` (the README's main job), run as real processes."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SCORING = {"queries": [{"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]}]}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env(data_dir: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_")}
+    return env | {"SPINF_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO), "COLUMNS": "140"}
+
+
+def _serve(model_dir: Path, data_dir: Path, port: int, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "spinf_jobs.service_commands", "serve", "--model", str(model_dir), "--device", "cpu",
+               "--port", str(port)]
+    return subprocess.Popen(command, cwd=REPO, env=_env(data_dir), stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+
+def _wait_healthy(base_url: str, proc: subprocess.Popen, log: Path) -> dict:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            health = httpx.get(f"{base_url}/health", timeout=2).json()
+            if health["workers"]:
+                return health
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(log.read_text()[-3000:])
+
+
+def test_serve_embeds_a_persistent_redis(service_model_dir, tmp_path):
+    data_dir, log, port = tmp_path / "data", tmp_path / "serve.log", _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    proc = _serve(service_model_dir, data_dir, port, log)
+    try:
+        health = _wait_healthy(base_url, proc, log)
+        assert health["default_model"] == "tiny-llama" and health["models"][0]["workers"]
+        headers = {"Authorization": f"Bearer {(data_dir / 'api-key').read_text().strip()}"}
+        body = {"scoring": SCORING, "items": [{"custom_id": "a", "text": "Refund my order please."}]}
+        job = httpx.post(f"{base_url}/v1/jobs", json=body, headers=headers, timeout=30).json()
+        for _ in range(300):
+            view = httpx.get(f"{base_url}/v1/jobs/{job['id']}", headers=headers, timeout=30).json()
+            if view["status"] == "succeeded":
+                break
+            time.sleep(0.2)
+        assert view["status"] == "succeeded"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert (data_dir / "appendonly.aof").stat().st_size > 0  # every write is in the append-only file
+
+    proc = _serve(service_model_dir, data_dir, port, log)  # the job survives a restart
+    try:
+        _wait_healthy(base_url, proc, log)
+        again = httpx.get(f"{base_url}/v1/jobs/{job['id']}", headers=headers, timeout=30).json()
+        assert again["status"] == "succeeded" and again["progress"]["done"] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_demo_scores_the_demo_dataset(service_model_dir, tmp_path):
+    command = [sys.executable, "-m", "spinf_jobs.service_commands", "demo", "--model", str(service_model_dir), "--device", "cpu",
+               "--port", str(_free_port()), "--pack", "spinf/support-triage"]
+    done = subprocess.run(command, cwd=REPO, env=_env(tmp_path / "data"), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "40 rows: 40 scored, 0 errors" in done.stdout
+    assert "Most likely answer per question" in done.stdout and "msg-001" in done.stdout
+    assert "Pack spinf/support-triage: decisions (rows)" in done.stdout
+    # every row got the pack's decision: the label counts add up to the 40 rows
+    queue_line = next(line for line in done.stdout.splitlines() if "│ queue" in line)
+    assert sum(int(n) for n in re.findall(r"\b[a-z_]+ (\d+)", queue_line)) == 40, queue_line
+
+
+def test_demo_names_an_unknown_pack(service_model_dir, tmp_path):
+    command = [sys.executable, "-m", "spinf_jobs.service_commands", "demo", "--model", str(service_model_dir), "--device", "cpu",
+               "--port", str(_free_port()), "--pack", "spinf/nope"]
+    done = subprocess.run(command, cwd=REPO, env=_env(tmp_path / "data"), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 1
+    assert "job refused (422)" in done.stdout and "spinf/nope" in done.stdout
