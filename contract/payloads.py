@@ -4,6 +4,9 @@
     ChunkPayload --worker--> result rows {custom_id, response} | {custom_id, error}
     job record (Redis hash) --> JobView (GET /v1/jobs/{id})
 
+JobCreate, PlanPayload and ChunkPayload share one JobSpec (model, scoring, packs, debug: what
+every row of the job is asked, by which model); its fields sit flat in each, as on the wire.
+
 Every payload is validated when it is enqueued and again when a worker runs it, so a
 payload written by an older or foreign producer fails loudly instead of scoring garbage.
 """
@@ -65,16 +68,30 @@ class S3Location(_Strict):
         return value
 
 
-class JobCreate(_Strict):
+class JobSpec(_Strict):
+    """What every row of a job is asked, and by which model."""
+
+    model: str
+    scoring: ScoringSpec
+    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
+    debug: bool = False
+
+    def spec_fields(self) -> dict:
+        """The spec's fields the caller set, as they are: another payload built from them sends
+        only those (payloads travel exclude_unset: a default re-sent as if given can change meaning)."""
+        return {name: getattr(self, name) for name in JobSpec.model_fields if name in self.model_fields_set}
+
+    def request_for(self, item: JobItem) -> ScoringRequest:
+        return item.to_request(self.scoring, self.debug, self.packs)
+
+
+class JobCreate(JobSpec):
     """POST /v1/jobs: inline `items`, or an S3 `input` prefix with an S3 `output` prefix."""
 
-    model: str | None = None
-    scoring: ScoringSpec
+    model: str | None = None  # None: the service's default model
     items: list[JobItem] | None = Field(default=None, min_length=1)
     input: S3Location | None = None
     output: S3Location | None = None
-    debug: bool = False
-    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
 
     @model_validator(mode="after")
     def _source(self) -> JobCreate:
@@ -98,15 +115,11 @@ class ByteRange(_Strict):
     first_line: int = Field(ge=1)  # 1-based line number of the first line in the range
 
 
-class ChunkPayload(_Strict):
+class ChunkPayload(JobSpec):
     """One RQ job: a slice of a job's rows; its results settle as one unit."""
 
     job_id: str
     chunk_index: int = Field(ge=0)
-    model: str
-    scoring: ScoringSpec
-    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
-    debug: bool = False
     items: list[JobItem] | None = None  # inline rows
     source: ByteRange | None = None  # dataset rows
     output: str | None = None  # s3:// prefix the chunk writes to (datasets)
@@ -123,17 +136,13 @@ class ChunkPayload(_Strict):
         return self
 
 
-class PlanPayload(_Strict):
-    """One RQ job: list a dataset, cut it into chunks, enqueue them."""
+class PlanPayload(JobSpec):
+    """One RQ job: list a dataset, cut it into chunks (each gets the plan's spec), enqueue them."""
 
     job_id: str
-    model: str
-    scoring: ScoringSpec
-    debug: bool = False
     input: str
     output: str
     chunk_num_rows: int = Field(ge=1)
-    packs: list[PackRef] = Field(default_factory=list)  # handed to every chunk
 
 
 class RowError(BaseModel):
