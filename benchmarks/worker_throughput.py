@@ -39,7 +39,7 @@ from contract.payloads import JobItem  # noqa: E402
 from contract.protocol import ScoringSpec  # noqa: E402
 from contract.settings import Settings  # noqa: E402
 from jobstore import records  # noqa: E402
-from jobstore.submit import submit_inline  # noqa: E402
+from jobstore.lifecycle import submit_inline  # noqa: E402
 
 
 def make_engine(model: str):

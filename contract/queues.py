@@ -23,6 +23,8 @@ WORKERS_KEY = f"{PREFIX}:workers"
 """Sorted set: worker name -> unix time of its last check-in."""
 STATS_KEY = f"{PREFIX}:stats"
 """Hash of monotonic counters the workers bump (rows, passes, pass tokens) for /metrics."""
+DEAD_CHUNKS_KEY = f"{PREFIX}:dead_chunks"
+"""List of {payload, reason}: chunks RQ gave up on, waiting for a worker to settle them."""
 
 CHUNK_FUNC = "workers.tasks.run_chunk"
 PLAN_FUNC = "workers.tasks.run_plan"

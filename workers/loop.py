@@ -2,7 +2,7 @@
 
     block for the first job (sync queues first) -> take more of that model's jobs without
     blocking until the pass budget (max_num_batched_tokens) is full -> one engine.score_batch
-    for every row taken -> settle each chunk -> complete each RQ job (success or failure)
+    for every row taken -> settle each chunk (jobstore.lifecycle) -> complete each RQ job
 
 While a batch's passes are on the GPU, the waits between them gather the next batch a step
 at a time (hold and load a job, count one row: its tokenization and tree), never blocking;
@@ -43,8 +43,10 @@ from rq.worker import WorkerStatus
 from contract import queues
 from contract.payloads import ChunkPayload, PlanPayload
 from contract.settings import Settings
+from jobstore import lifecycle
+from jobstore.chunks import ChunkWork
 from workers import tasks
-from workers.callbacks import drain_dead_chunks, on_chunk_failure
+from workers.callbacks import on_chunk_failure
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class HeldJob:
     job: Job
     queue: Queue
     execution: Execution
-    work: tasks.ChunkWork | None = None  # None for plan steps
+    work: ChunkWork | None = None  # None for plan steps
     num_tokens: int = 0
 
 
@@ -139,7 +141,7 @@ class GreedyWorker(SimpleWorker):
         for queue in self.queues:
             _clean_registries(queue)
             IntermediateQueue(queue.key, self.connection).cleanup(self, queue)  # popped, never registered
-        drain_dead_chunks(self.connection, self.s3, self.settings, self.name)
+        lifecycle.settle_dead_chunks(self.connection, self.s3, self.settings, self.name)
 
     def _heartbeat_forever(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):
@@ -307,7 +309,7 @@ class GreedyWorker(SimpleWorker):
         """The chunk's rows (tokens are counted by _gather_steps, a row a step)."""
         try:
             payload = ChunkPayload.model_validate(item.job.kwargs["payload"])
-            item.work = tasks.load_chunk(self.connection, self.s3, payload)
+            item.work = lifecycle.load_chunk(self.connection, self.s3, payload)
         except Exception:  # noqa: BLE001 - fails this job only; RQ retries it
             item.work = None
             item.job.meta["load_error"] = traceback.format_exc()
@@ -337,10 +339,10 @@ class GreedyWorker(SimpleWorker):
     def _settle(self, item: HeldJob) -> dict:
         if item.job.func_name == queues.PLAN_FUNC:
             payload = PlanPayload.model_validate(item.job.kwargs["payload"])
-            return tasks.plan_dataset(self.connection, self.s3, self.settings, payload)
+            return lifecycle.plan_dataset(self.connection, self.s3, self.settings, payload)
         if item.work is None:
             raise RuntimeError(f"loading the chunk failed:\n{item.job.meta.get('load_error', '')}")
-        return tasks.settle_chunk(self.connection, self.s3, self.settings, item.work, self.name)
+        return lifecycle.settle_chunk(self.connection, self.s3, self.settings, item.work, self.name).to_dict()
 
     def _fail(self, item: HeldJob, exc_string: str) -> None:
         item.job.ended_at = now()

@@ -23,8 +23,9 @@ from contract.payloads import JobCreate, JobView
 from contract.s3_uri import is_allowed, parse_s3_uri
 from contract.settings import ApiKey, Settings
 from jobstore import datasets, records
+from jobstore.lifecycle import cancel, submit_dataset, submit_inline
 from jobstore.s3 import get_bytes
-from jobstore.submit import cancel, new_job_id, submit_dataset, submit_inline
+from jobstore.submit import new_job_id
 
 router = APIRouter()
 
@@ -112,7 +113,7 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingRe
     if record.get("output"):
         output = parse_s3_uri(record["output"])
         summaries = records.chunk_summaries(r, job_id)
-        written = [index for index in sorted(summaries) if not summaries[index].get("cancelled")]
+        written = [index for index in sorted(summaries) if not summaries[index].cancelled]
         rows = (get_bytes(s3, datasets.results_uri(output, index)) for index in written)
     else:
         rows = records.iter_inline_results(r, job_id, num_chunks)

@@ -11,7 +11,8 @@ from contract import queues
 from contract.payloads import JobItem, JobStatus
 from contract.protocol import ScoringRequest, ScoringSpec
 from jobstore import records
-from jobstore.submit import cancel, chunk_rq_id, submit_inline
+from jobstore.lifecycle import cancel, submit_inline
+from jobstore.submit import chunk_rq_id
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 SPEC = ScoringSpec.model_validate(SCORING)
