@@ -24,7 +24,7 @@ from contract.protocol import ScoringRequest, ScoringResponse
 from contract.s3_uri import parse_s3_uri
 from contract.settings import Settings
 from jobstore import datasets, records
-from jobstore.s3 import get_bytes, iter_lines, list_keys, put_bytes, read_range
+from jobstore.s3 import iter_lines, list_keys, put_bytes, read_range
 from jobstore.submit import enqueue_chunks
 
 PLAN_ENQUEUE_BATCH = 256  # chunk jobs per Redis round trip while planning
@@ -213,27 +213,24 @@ def _cut(s3, payload: PlanPayload) -> tuple[list[ChunkPayload], int]:
     return chunks, sum(c.num_rows for c in chunks)
 
 
-def read_manifest(s3, output_uri: str) -> dict:
-    return orjson.loads(get_bytes(s3, datasets.manifest_uri(parse_s3_uri(output_uri))))
-
-
 # ---- RQ entry points: what the job's func names; a plain `rq worker` can run them one by one ----
 
 
 def run_chunk(payload: dict) -> dict:
-    """Score one chunk on this process's engine (the greedy loop batches chunks instead)."""
+    """Score one chunk on this process's engine for its model, as the settings describe it
+    (device, pass budget, prompt-pack folders); the greedy loop batches chunks instead."""
     from rq import get_current_job
 
     from contract.settings import get_settings
     from jobstore.s3 import make_client
-    from workers.engines import get_engine
+    from workers.engines import engine_for
 
     job = get_current_job()
     settings = get_settings()
     s3 = make_client(settings)
     work = load_chunk(job.connection, s3, ChunkPayload.model_validate(payload))
     if not work.is_cancelled:
-        score_rows(get_engine(work.payload.model), work.rows)
+        score_rows(engine_for(work.payload.model, settings), work.rows)
     return settle_chunk(job.connection, s3, settings, work, job.worker_name or "rq")
 
 
