@@ -10,9 +10,10 @@
 
 MFU = 2 x non-embedding parameters x non-padding tokens processed / seconds / peak (bf16
 peak for bf16 systems, fp8 peak for spinf_fp8); attention FLOPs are not counted for anyone.
-Every system scores the same (content, question, option) items; the baselines get their
-inputs pre-tokenized (their tokenization is not timed), spinf's timing includes its own
-compile, pack and score on the CPU.
+Every system scores the same (content, question, option) items from tokenized input: the
+baselines get theirs pre-tokenized, spinf's compile step is memoised after the warm-up (its
+tokenization time is reported apart); spinf's timing includes its packing and the host work
+of scoring.
 """
 
 from __future__ import annotations
