@@ -10,7 +10,7 @@
       (engine/attention_cuda.build_tree_block_masks, both windows' BlockMasks):
         subtree   as shipped on CUDA: no dense [n, n] masks, block masks from the subtree ends
         bits      dense tree masks, packed to one bit per (row, column) (the CUDA path before f402a36)
-      --> benchmarks/results/<date>-batch-head-<family>-<workload>[-T].{json,md}: per mode the
+      --> benchmarks/results/batch-head-<family>-<workload>[-T].{json,md}: per mode the
           median head (everything before the first pass is launched: builder + first packing)
           and, per pass, packing and mask milliseconds
 
@@ -93,8 +93,7 @@ def main() -> None:
                                  "total_pack_ms": sum(p["pack_ms"] for p in passes),
                                  "total_masks_ms": sum(p["masks_ms"] for p in passes)}
         print(name, result["modes"][name], flush=True)
-    stem = f"{result['date']}-batch-head-{args.family}-{args.workload}" + (f"-{args.tag}" if args.tag else "")
-    write_pair(stem, result, markdown(result, " ".join(sys.argv[1:])))
+    write_pair(result, markdown(result, " ".join(sys.argv[1:])), "batch-head", args.family, args.workload, args.tag)
 
 
 def markdown(result: dict, argv: str) -> str:

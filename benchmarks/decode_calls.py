@@ -7,9 +7,7 @@
       3. min of --repeats `score_batch` runs with and without the slots (after a warm-up), and
          in one more run: decoding passes, rows, SDPA calls while `ModelRunner.decode` runs,
          the calls one SDPA per slot per layer would make, and the time in `decode_attention`
-
-The numbers docs/extraction.md quotes for "before" come from running this same file at the
-commit before the batched decode attention (it only uses APIs both have).
+      --> benchmarks/results/decode-calls-<family>-news.json (the commit inside)
 """
 
 from __future__ import annotations
@@ -23,7 +21,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from result_files import new_result, write_json  # noqa: E402
 
 from benchmarks.slot_workload import load_slot_queries, with_slots  # noqa: E402
 from benchmarks.workloads import load_workload  # noqa: E402
@@ -94,8 +95,10 @@ def main() -> None:
     seconds = {"without_slots_s": best_of(lambda: engine.score_batch(without), args.repeats),
                "with_slots_s": best_of(lambda: engine.score_batch(with_), args.repeats)}
     seconds["extra_for_slots_s"] = seconds["with_slots_s"] - seconds["without_slots_s"]
-    result = {"family": args.family, "texts": args.texts, "slots": args.slots, "threads": torch.get_num_threads(),
-              **seconds, **count_decoding(engine, with_)}
+    result = new_result(command="python3 benchmarks/decode_calls.py " + " ".join(sys.argv[1:]), family=args.family,
+                        texts=args.texts, slots=args.slots, threads=torch.get_num_threads(),
+                        **seconds, **count_decoding(engine, with_))
+    write_json(result, "decode-calls", args.family, "news")
     print(json.dumps(result, indent=1))
 
 

@@ -8,7 +8,7 @@
         collector        the engine's deferral switched off: collections run inside the batch
         deferred         Engine.score_batch as shipped (engine.engine.cyclic_gc_deferred)
         deferred+frozen  also gc.freeze() after loading, as workers/service.load_engines does
-      --> benchmarks/results/<date>-gc-pauses-<family>-<workload>.{json,md}: per mode the median
+      --> benchmarks/results/gc-pauses-<family>-<workload>.{json,md}: per mode the median
           round, and the collector's seconds inside batches and after them (deferred work lands
           after the batch: the total is the honest figure); and how many unreachable objects
           one batch leaves (the cyclic garbage that deferring holds until the batch ends)
@@ -142,7 +142,7 @@ def main() -> None:
         "num_questions": sum(len(r.scoring.queries) for r in requests), "modes": modes,
         "cyclic_garbage_after_a_batch": cyclic_garbage,
     }
-    write_pair(f"{result['date']}-gc-pauses-{args.family}-{args.workload}", result, markdown(result))
+    write_pair(result, markdown(result), "gc-pauses", args.family, args.workload)
     print(markdown(result))
 
 

@@ -5,13 +5,15 @@
       2. random-weight model (benchmarks/random_models.py), real tokenizer, the workload's requests
       3. per system: warm-up, then >= 5 timed repeats (wall clock around synchronised GPU work), median
       4. checks: spinf alone-vs-packed bit identity, agreement with hf_prefix, fp8 drift vs bf16
-      5. benchmarks/results/<date>-<workload>-<model>.json + .md (and the sweeps if asked)
+      5. benchmarks/results/throughput-<model>-<workload>[-slots][-sweeps][-<tag>].json + .md (the
+         commit inside); with --profile, per-op tables profile-<model>-<workload>[-fp8].txt
 
 MFU = 2 x non-embedding parameters x non-padding tokens processed / seconds / peak (bf16
 peak for bf16 systems, fp8 peak for spinf_fp8); attention FLOPs are not counted for anyone.
-Every system scores the same (content, question, option) items; the baselines get their
-inputs pre-tokenized (their tokenization is not timed), spinf's timing includes its own
-compile, pack and score on the CPU.
+Every system scores the same (content, question, option) items from tokenized input: the
+baselines get theirs pre-tokenized, spinf's compile step is memoised after the warm-up (its
+tokenization time is reported apart); spinf's timing includes its packing and the host work
+of scoring.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import hf_baselines  # noqa: E402
 import random_models  # noqa: E402
 from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
-from result_files import git_commit, write_pair  # noqa: E402
+from result_files import git_commit, result_path, write_pair  # noqa: E402
 from slot_workload import load_slot_queries, slot_token_share, with_slots  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -125,15 +127,18 @@ def run_spinf(engine, requests, repeats: int) -> tuple[dict, list]:
     return stats, output.results
 
 
-def profile_pass(engine, requests, path: Path) -> str:
-    """Per-op GPU time of one score_batch (torch profiler), as a table."""
+def profile_pass(engine, requests, result: dict, system: str) -> str:
+    """Per-op GPU time of one score_batch (torch profiler), as a table in profile-<model>-<workload>[-fp8].txt."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         engine.score_batch(requests)
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-    path.write_text(table)
+    head = (f"{system}: one score_batch of {result['workload']} ({result['num_texts']} texts) on random-weight"
+            f" {result['model']}, {result['gpu']}; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
+    variant = "fp8" if system.endswith("fp8") else ""
+    result_path("profile", result["model"], result["workload"], variant, suffix=".txt").write_text(head + table)
     return table
 
 
@@ -184,17 +189,18 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma list of systems to skip")
     parser.add_argument("--commit", default=None, help="commit hash to record (the device copy has no .git)")
     parser.add_argument("--layer-std", type=float, default=0.5, help="random_models.fill_random_weights")
-    parser.add_argument("--tag", default="", help="suffix of the result file name (e.g. sweeps)")
+    parser.add_argument("--tag", default="", help="what else this run varies, ending the file name (e.g. budget8192)")
     parser.add_argument("--slots", type=int, default=0,
                         help="also time spinf_bf16 with the first N extraction slots of fixtures/benchmarks/<workload>-slots.json")
-    parser.add_argument("--profile", type=Path, default=None, help="write a per-op table of one spinf_bf16 run")
+    parser.add_argument("--profile", action="store_true", help="write a per-op table of one run of each spinf system")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     torch.backends.cuda.matmul.allow_tf32 = False
 
     result = {"commit": args.commit or git_commit(), "gpu": torch.cuda.get_device_name(), "model": args.model,
               "workload": args.workload, "date": datetime.date.today().isoformat(), "repeats": args.repeats,
-              "torch": torch.__version__, "budget_tokens": args.budget, "tag": args.tag}
+              "torch": torch.__version__, "budget_tokens": args.budget,
+              "variant": "-".join(filter(None, ["slots" if args.slots else "", "sweeps" if args.sweeps else "", args.tag]))}
     result["peak_tflops"] = {"bf16": peak_tflops("bf16"), "fp8": peak_tflops("fp8")}
     print("peaks", result["peak_tflops"], flush=True)
 
@@ -219,7 +225,7 @@ def main() -> None:
     print("spinf_bf16", _brief(systems["spinf_bf16"]), "\n  timeline", brief(systems["spinf_bf16"]["timeline"]), flush=True)
     write_result(result, final=False)  # after every system: a run cut short keeps the rows it finished
     if args.profile:
-        print(profile_pass(engine, requests, args.profile), flush=True)
+        print(profile_pass(engine, requests, result, "spinf_bf16"), flush=True)
     if args.slots:
         systems["spinf_bf16_slots"] = run_slots(engine, workload, args, systems["spinf_bf16"], num_questions, params,
                                                 peaks["bf16"])
@@ -258,7 +264,7 @@ def main() -> None:
         systems["spinf_fp8"]["timeline"] = timeline(engine8, requests)
         print("  fp8 timeline", brief(systems["spinf_fp8"]["timeline"]), flush=True)
         if args.profile:
-            print(profile_pass(engine8, requests, args.profile.with_name(args.profile.stem + "-fp8.txt")), flush=True)
+            print(profile_pass(engine8, requests, result, "spinf_fp8"), flush=True)
         result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
         print("spinf_fp8", _brief(systems["spinf_fp8"]), result["fp8_vs_bf16_drift"], flush=True)
         del engine8, fp8_model
@@ -299,8 +305,7 @@ def _brief(row: dict) -> str:
 def write_result(result: dict, final: bool = True) -> None:
     """The JSON + Markdown pair; `complete` is false until every asked-for system has run."""
     result["complete"] = final
-    tag = f"-{result['tag']}" if result.get("tag") else ""
-    write_pair(f"{result['date']}-{result['workload']}-{result['model']}{tag}", result, markdown(result))
+    write_pair(result, markdown(result), "throughput", result["model"], result["workload"], result["variant"])
     if final:
         print(markdown(result))
 

@@ -12,7 +12,7 @@
              tokenized once in the run, then shared by every text)
          (d) suffix cuts, warm: one Tokenize across repeats (as an engine serving batch after batch)
          all must give the same token ids, else the script fails
-      3. benchmarks/results/<date>-tokenize-speed[-<workload>].json + .md with the command, machine and commit
+      3. benchmarks/results/tokenize-speed-<workload>.json + .md with the command, machine and commit
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def main() -> None:
     result = {"command": "python3 " + " ".join(sys.argv), "date": date, "commit": args.commit or git_commit(("engine/pipeline/tokenize.py",)),
               "machine": machine(), "workload": args.workload, "texts_source": source, "num_texts": len(texts),
               "repeats": args.repeats, "models": models}
-    write_pair(f"{date}-tokenize-speed" + ("" if args.workload == "news" else f"-{args.workload}"), result, markdown(result))
+    write_pair(result, markdown(result), "tokenize-speed", args.workload)
     print(markdown(result))
 
 

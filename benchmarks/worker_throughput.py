@@ -10,7 +10,7 @@
         worker           submit_inline, then GreedyWorker.drain_once until the job has settled:
                          Redis, chunk loading, tokenization, passes, results written back
         worker_no_ahead  the same with the look-ahead off (no gathering during the passes)
-      --> benchmarks/results/<date>-worker-<workload>-<model>.{json,md}: rows/s and questions/s
+      --> benchmarks/results/worker-<model>-<workload>.{json,md}: rows/s and questions/s
           per system, and each worker's share of the engine-alone rate
 
 `--model tiny-qwen3` runs on CPU (a tiny random checkpoint, real tokenizer: engine/testing/tiny.py);
@@ -127,7 +127,7 @@ def main() -> None:
               "workload": args.workload, "num_rows": len(items), "num_questions": num_questions,
               "chunk_num_rows": args.chunk_num_rows, "repeats": args.repeats,
               "command": "python3 benchmarks/worker_throughput.py " + " ".join(sys.argv[1:]), "systems": rows}
-    write_pair(f"{result['date']}-worker-{args.workload}-{args.model}", result, markdown(result))
+    write_pair(result, markdown(result), "worker", args.model, args.workload)
     print(markdown(result))
 
 

@@ -5,6 +5,8 @@
 Shared by the API and the workers (pure python, no torch). Build it with `get_settings()`
 (cached) in processes, or `Settings(...)` directly in tests: nothing is read at import time.
 API keys are stored as SHA-256 hex digests, never in clear; `hash_api_key` makes one.
+The engine knobs here (default_model, device, max_num_batched_tokens, pack_dirs) are also the
+command line's flags (spinf_jobs/setting_flags.py): one name, type, default and meaning each.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # engine/loading/model_registry.py serves it under this name
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 
 
 def hash_api_key(key: str) -> str:
@@ -37,13 +43,18 @@ class Settings(BaseSettings):
     data_dir: Path = Path.home() / ".spinf-jobs"
 
     # models: what the API accepts before any worker registered; workers add what they load
-    default_model: str = "qwen2.5-coder-1.5b-instruct"
+    default_model: str = Field(DEFAULT_MODEL, description="model of requests without `model`")
     models: list[str] = Field(default_factory=list)
+
+    # engines: how a worker (and `spinf-jobs score`, `calibrate`) builds each model's engine
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where engines run: cpu, cuda or auto")
+    max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0, description="tokens per forward pass")
 
     api_keys: list[ApiKey] = Field(default_factory=list)
 
-    # prompt packs: folders loaded on top of the official packs/ (`--packs DIR`, repeatable)
-    packs_dirs: list[Path] = Field(default_factory=list)
+    # prompt packs: the API lists and checks them, the workers' engines apply them
+    pack_dirs: list[Path] = Field(default_factory=list,
+                                  description="a folder of prompt packs loaded on top of the official packs/")
     # decision workloads: name -> fitted temperature (None: known, not fitted); /v1/decide's
     # `workload` names one and gets a `calibrated` block when it has a temperature
     workloads: dict[str, float | None] = Field(default_factory=dict)

@@ -13,14 +13,11 @@ costs only the rows that raise. `run_chunk` and `run_plan` are what the RQ jobs 
 
 from __future__ import annotations
 
-import orjson
 
 from contract.payloads import ChunkPayload, PlanPayload, RowError
 from contract.protocol import ScoringResponse
-from contract.s3_uri import parse_s3_uri
-from jobstore import datasets, lifecycle
+from jobstore import lifecycle
 from jobstore.chunks import RowSlot
-from jobstore.s3 import get_bytes
 
 
 def score_rows(engine, rows: list[RowSlot], while_waiting=None) -> None:
@@ -56,27 +53,24 @@ def _fill(slot: RowSlot, result, pass_ids: tuple[int, ...]) -> None:
         slot.error = RowError(line=slot.line, custom_id=slot.custom_id, field=result.field, message=result.message)
 
 
-def read_manifest(s3, output_uri: str) -> dict:
-    return orjson.loads(get_bytes(s3, datasets.manifest_uri(parse_s3_uri(output_uri))))
-
-
 # ---- RQ entry points: what the job's func names; a plain `rq worker` can run them one by one ----
 
 
 def run_chunk(payload: dict) -> dict:
-    """Score one chunk on this process's engine (the greedy loop batches chunks instead)."""
+    """Score one chunk on this process's engine for its model, as the settings describe it
+    (device, pass budget, prompt-pack folders); the greedy loop batches chunks instead."""
     from rq import get_current_job
 
     from contract.settings import get_settings
     from jobstore.s3 import make_client
-    from workers.engines import get_engine
+    from workers.engines import engine_for
 
     job = get_current_job()
     settings = get_settings()
     s3 = make_client(settings)
     work = lifecycle.load_chunk(job.connection, s3, ChunkPayload.model_validate(payload))
     if not work.is_cancelled:
-        score_rows(get_engine(work.payload.model), work.rows)
+        score_rows(engine_for(work.payload.model, settings), work.rows)
     return lifecycle.settle_chunk(job.connection, s3, settings, work, job.worker_name or "rq").to_dict()
 
 
