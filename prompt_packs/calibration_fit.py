@@ -19,6 +19,7 @@ from datetime import date
 import numpy as np
 
 from prompt_packs import calibration as cal
+from prompt_packs import calibration_choice as choice_
 from prompt_packs.apply import combine_scores
 from prompt_packs.format import Calibration, Pack, PackCalibration, Provenance
 
@@ -36,8 +37,8 @@ class ScoredRow:
 
 @dataclass(slots=True)
 class PackFit:
-    questions: dict[str, cal.MethodChoice]
-    categories: dict[str, cal.MethodChoice]
+    questions: dict[str, choice_.MethodChoice]
+    categories: dict[str, choice_.MethodChoice]
     multiclass: dict[str, dict] = field(default_factory=dict)  # decision id -> before/after metrics
     orderings: dict[str, dict] = field(default_factory=dict)  # lettered question id -> one vs all
     held_out: str = ""
@@ -55,10 +56,10 @@ def question_targets(pack: Pack, rows: list[ScoredRow]) -> dict[str, np.ndarray]
 
 def fit_pack(pack: Pack, rows: list[ScoredRow], *, num_folds: int = 5, seed: int = 0) -> PackFit:
     questions = {
-        q: cal.choose_method(np.array([r.questions[q] for r in rows]), y, num_folds=num_folds, seed=seed)
+        q: choice_.choose_method(np.array([r.questions[q] for r in rows]), y, num_folds=num_folds, seed=seed)
         for q, y in question_targets(pack, rows).items()
     }
-    categories: dict[str, cal.MethodChoice] = {}
+    categories: dict[str, choice_.MethodChoice] = {}
     category_inputs: dict[str, str] = {}
     raw_category: dict[str, np.ndarray] = {}
     for category in pack.categories:
@@ -70,12 +71,10 @@ def fit_pack(pack: Pack, rows: list[ScoredRow], *, num_folds: int = 5, seed: int
             for i, r in enumerate(rows)
         ])
         # the category map may read the combine of calibrated question scores or of raw
-        # ones; both are judged against the uncalibrated pack and the better one is kept
-        options = {name: cal.choose_method(x, y, num_folds=num_folds, seed=seed, baseline=raw)
-                   for name, x in (("calibrated", merged), ("raw", raw))}
-        eligible = [n for n, c in options.items() if cal.is_eligible(c)] or list(options)
-        best = min(eligible, key=lambda n: options[n].after["log_loss"])
-        categories[category.id], category_inputs[category.id] = options[best], best
+        # ones; both are judged against the uncalibrated pack, inside the nested choice
+        best, chosen = choice_.choose_among_inputs({"raw": raw, "calibrated": merged}, y, num_folds=num_folds,
+                                                   seed=seed, baseline=raw)
+        categories[category.id], category_inputs[category.id] = chosen, best
         raw_category[category.id] = raw
     fit = PackFit(questions, categories, held_out=f"{num_folds}-fold stratified cross-fit (seed {seed})",
                   category_inputs=category_inputs)
@@ -85,7 +84,7 @@ def fit_pack(pack: Pack, rows: list[ScoredRow], *, num_folds: int = 5, seed: int
 
 
 def multiclass_summaries(pack: Pack, rows: list[ScoredRow], raw: dict[str, np.ndarray],
-                         fitted: dict[str, cal.MethodChoice]) -> dict[str, dict]:
+                         fitted: dict[str, choice_.MethodChoice]) -> dict[str, dict]:
     """For argmax decisions over single-label data: accuracy, one-vs-rest AUC, ECE ..."""
     out = {}
     for decision in pack.decisions:
@@ -134,7 +133,7 @@ def ordering_summaries(pack: Pack, rows: list[ScoredRow], *, seed: int = 0) -> d
     return out
 
 
-def _provenance(choice: cal.MethodChoice, *, data: str, data_sha256: str, model: str,
+def _provenance(choice: choice_.MethodChoice, *, data: str, data_sha256: str, model: str,
                 fingerprint: str, held_out: str) -> Provenance:
     def rounded(metrics: dict[str, float]) -> dict[str, float]:
         return {k: round(float(v), 5) for k, v in metrics.items()}
@@ -147,7 +146,7 @@ def _provenance(choice: cal.MethodChoice, *, data: str, data_sha256: str, model:
     )
 
 
-def _calibration(choice: cal.MethodChoice, provenance: Provenance, reads: str = "calibrated") -> Calibration:
+def _calibration(choice: choice_.MethodChoice, provenance: Provenance, reads: str = "calibrated") -> Calibration:
     def rounded(value):
         return [round(v, 6) for v in value] if isinstance(value, list) else round(float(value), 6)
 
