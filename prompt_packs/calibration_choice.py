@@ -76,16 +76,46 @@ def cross_fit(method: str, p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> n
 def _select(inputs: dict[str, np.ndarray], y: np.ndarray, reference: np.ndarray, rows: np.ndarray,
             methods: tuple[str, ...], num_folds: int, seed: int) -> tuple[tuple[str, str], dict, dict]:
     """The (input, method) kept on these rows, judged by their own out-of-fold predictions:
-    the lowest log-loss among the eligible candidates (accuracy and AUC kept)."""
+    the lowest log-loss among the eligible candidates. Eligible: accuracy and AUC kept
+    (`keeps_quality`); and a candidate that re-ranks the rows (isotonic, whose ties move
+    ranks, or another input than the first) only where its AUC gain over the baseline has a
+    bootstrap 95% lower bound above 0 on these rows: a monotone map of the first input
+    keeps every fold's ranking, so a re-ranking must pay for itself."""
     y, reference = y[rows], reference[rows]
     folds = stratified_folds(y, num_folds, seed)
     before = binary_metrics(reference, y) | {"auc": fold_auc(reference, y, folds)}
+    first = next(iter(inputs))
     order = [(name, m) for m in methods for name in inputs]
     held = {k: cross_fit(k[1], inputs[k[0]][rows], y, folds) for k in order}
     scores = {k: binary_metrics(q, y) | {"auc": fold_auc(q, y, folds)} for k, q in held.items()}
-    eligible = [k for k in order if keeps_quality(before, scores[k])] or [(next(iter(inputs)), "temperature")]
+    draws = np.random.default_rng(seed).integers(0, len(y), size=(GATE_DRAWS, len(y)))
+
+    def ranks_pay(k: tuple[str, str]) -> bool:
+        reranks = k[0] != first or k[1] == "isotonic"
+        return not reranks or _auc_gain_lower_bound(reference, held[k], y, draws) > 0
+
+    eligible = [k for k in order if keeps_quality(before, scores[k]) and ranks_pay(k)] or [(first, "temperature")]
     best = min(eligible, key=lambda k: scores[k]["log_loss"] if k in scores else np.inf)
     return best, before, scores
+
+
+GATE_DRAWS = 400  # bootstrap resamples behind "a re-ranking must pay for itself"
+
+
+def _fast_auc(p: np.ndarray, y: np.ndarray) -> float:
+    """Mann-Whitney AUC with average ranks for ties (vectorised; nan with one class)."""
+    positive = y > 0.5
+    num_pos, num_neg = int(positive.sum()), int((~positive).sum())
+    if not num_pos or not num_neg:
+        return float("nan")
+    _, inverse, counts = np.unique(p, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]
+    return float((ranks[positive].sum() - num_pos * (num_pos + 1) / 2.0) / (num_pos * num_neg))
+
+
+def _auc_gain_lower_bound(before: np.ndarray, after: np.ndarray, y: np.ndarray, draws: np.ndarray) -> float:
+    gains = np.array([_fast_auc(after[i], y[i]) - _fast_auc(before[i], y[i]) for i in draws])
+    return float(np.nanquantile(gains, 0.025))
 
 
 def keeps_quality(before: dict[str, float], after: dict[str, float]) -> bool:

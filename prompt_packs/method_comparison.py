@@ -89,3 +89,23 @@ def compare_methods(methods: dict[str, np.ndarray], labels: np.ndarray, *, basel
             entry["ece_change"] = change(ece_of, base, probs, labels, lower_is_better=True, seed=seed)
         out[name] = entry
     return out
+
+
+def transfer(fit_p: np.ndarray, fit_labels: np.ndarray, eval_p: np.ndarray, eval_floor_p: np.ndarray,
+             eval_labels: np.ndarray, *, seed: int = 0) -> dict:
+    """Two-option sets: maps fitted on one set (a labelled map chosen and refit on all its
+    rows; its batch priors), judged on the rows of another set only, beside that set's own
+    raw, contextual and batch answers."""
+    from prompt_packs.calibration_choice import choose_method
+
+    fit_p = np.asarray(fit_p, dtype=np.float64)
+    positive = fit_p[:, 0] / fit_p.sum(axis=1)
+    fitted = choose_method(positive, (np.asarray(fit_labels) == 0).astype(np.float64), seed=seed)
+    priors = label_free.batch_priors(fit_p / fit_p.sum(axis=1, keepdims=True))
+    eval_raw = label_free.label_free("raw", eval_p)
+    mapped = fitted.calibrator.apply(eval_raw[:, 0])
+    methods = method_probabilities(eval_p, eval_floor_p) | {
+        "batch, priors of the fit set": label_free.batch(eval_p, priors),
+        f"labelled {fitted.method} fitted on the fit set": np.stack([mapped, 1.0 - mapped], axis=1)}
+    return {"methods": compare_methods(methods, eval_labels, seed=seed),
+            "fitted": {"method": fitted.method, "params": fitted.calibrator.params, "priors": priors.tolist()}}

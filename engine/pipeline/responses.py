@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
+from contract.probability import reweight
 from contract.protocol import (
     Combination,
     CombinationDebug,
@@ -129,7 +130,8 @@ class ResponseBuilder:
             if branch.slot is not None:
                 combination = self._slot_combination(branch, *self.slot_answers[key], request.debug)
             else:
-                combination = self._combination(branch, self.logprobs[key], request.debug)
+                calibrate = request.scoring.queries[branch.query_index].calibrate
+                combination = self._combination(branch, self.logprobs[key], request.debug, calibrate)
             results[branch.query_index].combinations.append(combination)
         own, packs = split_response(results, compiled.packs)
         return ScoringResponse(
@@ -141,13 +143,15 @@ class ResponseBuilder:
             packs=packs,
         )
 
-    def _combination(self, branch: Branch, logprobs: list[float], debug: bool) -> Combination:
+    def _combination(self, branch: Branch, logprobs: list[float], debug: bool,
+                     calibrate: str | None = None) -> Combination:
         query_options = list(branch.floor_key.options)
         p = normalise(logprobs)
         floor_p = self.floor_p[branch.floor_key]
+        contextual = reweight(p, floor_p) if calibrate == "contextual" else [None] * len(p)
         options = [
-            OptionScore(text=text, logprob=lp, p=pi, floor_p=fp)
-            for text, lp, pi, fp in zip(query_options, logprobs, p, floor_p, strict=True)
+            OptionScore(text=text, logprob=lp, p=pi, floor_p=fp, contextual_p=cp)
+            for text, lp, pi, fp, cp in zip(query_options, logprobs, p, floor_p, contextual, strict=True)
         ]
         return Combination(
             values=branch.values,
