@@ -82,18 +82,25 @@ def _nll(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
 
 
-def fit_temperature(p: np.ndarray, y: np.ndarray, *, min_log_t: float = -4.0, max_log_t: float = 4.0) -> Calibrator:
-    """T minimising log-loss, by golden-section search over log T (the loss is unimodal in it)."""
-    z, y = logit(p), np.asarray(y, dtype=np.float64)
+def best_temperature(loss_at, *, min_log_t: float = -4.0, max_log_t: float = 4.0) -> float:
+    """The T minimising loss_at(T), by golden-section search over log T (the log-loss of a
+    temperature-scaled answer is unimodal in it); shared by the binary and n-way fits."""
     lo, hi = min_log_t, max_log_t
     ratio = (np.sqrt(5.0) - 1.0) / 2.0
     for _ in range(100):
         a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if _nll(sigmoid(z / np.exp(a)), y) < _nll(sigmoid(z / np.exp(b)), y):
+        if loss_at(np.exp(a)) < loss_at(np.exp(b)):
             hi = b
         else:
             lo = a
-    return Calibrator("temperature", {"temperature": float(np.exp((lo + hi) / 2.0))})
+    return float(np.exp((lo + hi) / 2.0))
+
+
+def fit_temperature(p: np.ndarray, y: np.ndarray, *, min_log_t: float = -4.0, max_log_t: float = 4.0) -> Calibrator:
+    """T minimising log-loss (best_temperature)."""
+    z, y = logit(p), np.asarray(y, dtype=np.float64)
+    temperature = best_temperature(lambda t: _nll(sigmoid(z / t), y), min_log_t=min_log_t, max_log_t=max_log_t)
+    return Calibrator("temperature", {"temperature": temperature})
 
 
 def fit_platt(p: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, num_steps: int = 50) -> Calibrator:
@@ -232,7 +239,7 @@ def binary_metrics(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
     p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
     clipped = np.clip(p, EPS, 1.0 - EPS)
     return {
-        "num_rows": int(len(y)),
+        "num_rows": len(y),
         "num_positive": int(y.sum()),
         "accuracy": float(np.mean((p >= 0.5) == (y > 0.5))),
         "auc": auc(p, y),
@@ -256,7 +263,7 @@ def multiclass_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float
     aucs = [auc(probs[:, c], onehot[:, c]) for c in range(probs.shape[1])]
     aucs = [a for a in aucs if not np.isnan(a)]
     return {
-        "num_rows": int(len(labels)),
+        "num_rows": len(labels),
         "accuracy": float(np.mean(top == labels)),
         "auc_ovr": float(np.mean(aucs)) if aucs else float("nan"),
         "ece": ece(probs.max(axis=1), (top == labels).astype(np.float64)),

@@ -45,7 +45,7 @@ def perfect_band(p: np.ndarray, *, num_sims: int = NUM_SIMULATIONS, seed: int = 
     p = np.asarray(p, dtype=np.float64)
     rng = np.random.default_rng(seed)
     draws = np.array([ece(p, (rng.random(len(p)) < p).astype(np.float64)) for _ in range(num_sims)])
-    return {"num_rows": int(len(p)), "mean": float(draws.mean()), "q95": float(np.quantile(draws, 0.95))}
+    return {"num_rows": len(p), "mean": float(draws.mean()), "q95": float(np.quantile(draws, 0.95))}
 
 
 def paired_difference(metric: Callable[[np.ndarray, np.ndarray], float], a: np.ndarray, b: np.ndarray,
@@ -66,5 +66,5 @@ def ece_summary(p: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict[str, flo
     perfect-calibration band at this n (mean and 95th percentile)."""
     value, lo, hi = ece_interval(p, y, seed=seed)
     band = perfect_band(p, seed=seed)
-    return {"num_rows": int(len(p)), "ece": value, "ece_lo": lo, "ece_hi": hi,
+    return {"num_rows": len(p), "ece": value, "ece_lo": lo, "ece_hi": hi,
             "perfect_mean": band["mean"], "perfect_q95": band["q95"], "within_band": bool(value <= band["q95"])}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prompt_packs.calibration import EPS
+from prompt_packs.calibration import EPS, best_temperature
 
 MULTICLASS_METHODS = ("identity", "temperature", "vector")
 VECTOR_L2 = 1e-2
@@ -62,15 +62,8 @@ def multiclass_nll(probs: np.ndarray, labels: np.ndarray) -> float:
 
 def fit_multiclass_temperature(probs: np.ndarray, labels: np.ndarray) -> MulticlassCalibrator:
     z, labels = log_probs(probs), np.asarray(labels, dtype=int)
-    lo, hi = -4.0, 4.0
-    ratio = (np.sqrt(5.0) - 1.0) / 2.0
-    for _ in range(100):
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if multiclass_nll(softmax(z / np.exp(a)), labels) < multiclass_nll(softmax(z / np.exp(b)), labels):
-            hi = b
-        else:
-            lo = a
-    return MulticlassCalibrator("temperature", {"temperature": float(np.exp((lo + hi) / 2.0))})
+    temperature = best_temperature(lambda t: multiclass_nll(softmax(z / t), labels))
+    return MulticlassCalibrator("temperature", {"temperature": temperature})
 
 
 def fit_vector(probs: np.ndarray, labels: np.ndarray, *, l2: float = VECTOR_L2, num_steps: int = 50) -> MulticlassCalibrator:
