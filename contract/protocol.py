@@ -167,6 +167,9 @@ class ScoringRequest(_Strict):
     # prompt packs answered from the same read as `scoring.queries` (docs/prompt-packs.md)
     packs: list[PackRef] = Field(default_factory=list)
     debug: bool = False  # adds rendered text and token ids per combination
+    # a finished job of the same key whose batch priors fill `batch_p` on this reply's
+    # options (queries the job asked with calibrate "batch"; docs/calibration.md)
+    priors_from_job: str | None = Field(default=None, min_length=1, max_length=200)
 
     @model_validator(mode="after")
     def _something_to_ask(self) -> ScoringRequest:
@@ -224,6 +227,7 @@ class Combination(BaseModel):
 class QueryResult(BaseModel):
     id: str
     combinations: list[Combination]
+    calibrate: Literal["contextual", "batch"] | None = None  # the query's label-free calibration, if asked
 
 
 class Usage(BaseModel):

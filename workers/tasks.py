@@ -26,6 +26,7 @@ from contract.settings import Settings
 from jobstore import datasets, records
 from jobstore.s3 import get_bytes, iter_lines, list_keys, put_bytes, read_range
 from jobstore.submit import enqueue_chunks
+from workers.job_calibration import calibrate_finished_job
 
 PLAN_ENQUEUE_BATCH = 256  # chunk jobs per Redis round trip while planning
 
@@ -38,6 +39,7 @@ class RowSlot:
     error: RowError | None = None
     response: dict | None = None
     pass_ids: tuple[int, ...] = ()
+    labels: list[str] | None = None  # the row's labels, carried into its result row
 
 
 @dataclass(slots=True)
@@ -64,6 +66,7 @@ def load_chunk(r: Redis, s3, payload: ChunkPayload) -> ChunkWork:
     for slot, item in zip(rows, items, strict=True):
         if slot.error is None:
             slot.request = _request_or_error(slot, item, payload)
+            slot.labels = item.labels
     return ChunkWork(payload, rows)
 
 
@@ -136,7 +139,7 @@ def settle_chunk(r: Redis, s3, settings: Settings, work: ChunkWork, worker_name:
 
 def _row_bytes(slot: RowSlot) -> bytes:
     if slot.response is not None:
-        return datasets.response_row(slot.custom_id, slot.response)
+        return datasets.response_row(slot.custom_id, slot.response, slot.labels)
     return datasets.error_row(slot.custom_id, slot.error)
 
 
@@ -163,6 +166,7 @@ def finalize_if_complete(r: Redis, s3, settings: Settings, job_id: str) -> bool:
     record = records.load_job(r, job_id)
     if record is None or records.status_of(record).is_terminal:
         return False
+    calibrate_finished_job(r, s3, job_id, record)  # batch columns and the labelled report
     if record.get("output"):
         output = parse_s3_uri(record["output"])
         manifest = datasets.build_manifest(job_id, record["input"], output, records.chunk_summaries(r, job_id))

@@ -124,7 +124,8 @@ class ResponseBuilder:
 
     def _response(self, index: int, compiled: CompiledRequest) -> ScoringResponse:
         request = compiled.request
-        results = [QueryResult(id=query.id, combinations=[]) for query in request.scoring.queries]
+        results = [QueryResult(id=query.id, combinations=[], calibrate=query.calibrate)
+                   for query in request.scoring.queries]
         for branch in compiled.branches:
             key = (index, branch.query_index, branch.combination_index)
             if branch.slot is not None:
