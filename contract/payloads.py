@@ -44,6 +44,9 @@ class JobItem(_Strict):
     custom_id: str = Field(max_length=512)
     messages: list[Message] | None = Field(default=None, min_length=1)
     text: str | None = None
+    # ids of the two-option queries whose first option is right for this row: the job then
+    # gets a calibration report (docs/calibration.md); the row's result carries them back
+    labels: list[str] | None = None
 
     @model_validator(mode="after")
     def _one_of(self) -> JobItem:

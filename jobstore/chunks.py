@@ -34,6 +34,7 @@ class RowSlot:
     error: RowError | None = None
     response: dict | None = None
     pass_ids: tuple[int, ...] = ()
+    labels: list[str] | None = None  # the row's labels (a labelled job), carried into its result row
 
 
 @dataclass(slots=True)
@@ -50,7 +51,7 @@ def read_rows(s3, payload: ChunkPayload) -> list[RowSlot]:
         if isinstance(item, RowError):
             rows.append(RowSlot(item.custom_id, line, error=item))
             continue
-        slot = RowSlot(item.custom_id, line)
+        slot = RowSlot(item.custom_id, line, labels=item.labels)
         try:
             slot.request = payload.request_for(item)
         except ValueError as error:  # pydantic's ValidationError is a ValueError
@@ -91,7 +92,7 @@ def write_rows(r: Redis, s3, payload: ChunkPayload, rows: list[RowSlot]) -> None
 
 def _row_bytes(slot: RowSlot) -> bytes:
     if slot.response is not None:
-        return datasets.response_row(slot.custom_id, slot.response)
+        return datasets.response_row(slot.custom_id, slot.response, slot.labels)
     return datasets.error_row(slot.custom_id, slot.error)
 
 

@@ -90,8 +90,9 @@ def error_row(custom_id: str | None, error: RowError) -> bytes:
     return orjson.dumps({"custom_id": custom_id, "error": error.model_dump(exclude_none=True)})
 
 
-def response_row(custom_id: str, response: dict) -> bytes:
-    return orjson.dumps({"custom_id": custom_id, "response": response})
+def response_row(custom_id: str, response: dict, labels: list[str] | None = None) -> bytes:
+    row = {"custom_id": custom_id, "response": response}
+    return orjson.dumps(row if labels is None else row | {"labels": labels})
 
 
 def to_jsonl(rows: Iterable[bytes]) -> bytes:

@@ -8,7 +8,8 @@ finalize, cancel. Every step that moves a job or a chunk is here; no engine.
     load_chunk:     cancelled? -> running -> ChunkWork (chunks.read_rows)
                       ... a worker fills each row's response or error (workers.tasks.score_rows) ...
     settle_chunk:   rows -> results (chunks.write_rows) -> ChunkSummary, recorded once
-                    -> finalize_if_complete: every chunk settled -> manifest (datasets) -> succeeded
+                    -> finalize_if_complete: every chunk settled -> on_complete (the workers
+                       pass the job's calibration) -> manifest (datasets) -> succeeded
     record_dead_chunk (RQ gave up on a chunk) -> dead list -> settle_dead_chunks: an error row
                     per input row -> settle_chunk
     cancel:         cancelled -> queued chunks leave their queue and settle as never run
@@ -18,6 +19,8 @@ rows but never counts twice.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import orjson
 from botocore.exceptions import BotoCoreError, ClientError
@@ -38,6 +41,9 @@ from jobstore.s3 import iter_lines, list_keys, put_bytes
 from jobstore.submit import enqueue_chunks, enqueue_plan, new_job_id
 
 PLAN_ENQUEUE_BATCH = 256  # chunk jobs per Redis round trip while planning
+OnComplete = Callable[[Redis, object, str, dict], None]
+"""(redis, s3 client, job id, job record): run once a job's last chunk has settled, before the
+job is marked succeeded (workers.job_calibration.calibrate_finished_job)."""
 
 # ---- create --------------------------------------------------------------------------------
 
@@ -93,7 +99,7 @@ def _spec(model: str, scoring: ScoringSpec, debug: bool, packs: list[PackRef]) -
 # ---- plan ----------------------------------------------------------------------------------
 
 
-def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload) -> dict:
+def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload, on_complete: OnComplete | None = None) -> dict:
     """List the input, cut it into chunks, enqueue them; S3 errors fail the job with a reason."""
     record = records.load_job(r, payload.job_id)
     if record is None or records.status_of(record) == JobStatus.CANCELLED:
@@ -111,7 +117,7 @@ def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload) -> dict
     for start in range(num_enqueued, len(payloads), PLAN_ENQUEUE_BATCH):
         enqueue_chunks(r, settings, payloads[start : start + PLAN_ENQUEUE_BATCH], queue_name)
         r.hset(queues.job_key(payload.job_id), "num_enqueued", min(start + PLAN_ENQUEUE_BATCH, len(payloads)))
-    finalize_if_complete(r, s3, settings, payload.job_id)
+    finalize_if_complete(r, s3, settings, payload.job_id, on_complete)
     return {"num_rows": num_rows, "num_chunks": len(payloads)}
 
 
@@ -142,7 +148,9 @@ def load_chunk(r: Redis, s3, payload: ChunkPayload) -> ChunkWork:
     return ChunkWork(payload, chunks.read_rows(s3, payload))
 
 
-def settle_chunk(r: Redis, s3, settings: Settings, work: ChunkWork, worker_name: str) -> ChunkSummary:
+def settle_chunk(
+    r: Redis, s3, settings: Settings, work: ChunkWork, worker_name: str, on_complete: OnComplete | None = None
+) -> ChunkSummary:
     """Write the chunk's rows, record its summary once, finish the job when it was the last."""
     payload = work.payload
     if work.is_cancelled:
@@ -153,17 +161,20 @@ def settle_chunk(r: Redis, s3, settings: Settings, work: ChunkWork, worker_name:
     summary = chunks.summarize(work.rows)
     records.add_passes(r, payload.job_id, chunks.pass_names(work.rows, worker_name))
     records.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
-    finalize_if_complete(r, s3, settings, payload.job_id)
+    finalize_if_complete(r, s3, settings, payload.job_id, on_complete)
     return summary
 
 
-def finalize_if_complete(r: Redis, s3, settings: Settings, job_id: str) -> bool:
-    """When every chunk settled: write the manifest (datasets), then mark the job succeeded."""
+def finalize_if_complete(r: Redis, s3, settings: Settings, job_id: str, on_complete: OnComplete | None = None) -> bool:
+    """When every chunk settled: `on_complete` (the job's calibration, from the workers), the
+    manifest (datasets), then the job succeeded; a client never sees it succeeded before them."""
     if not records.is_complete(r, job_id):
         return False
     record = records.load_job(r, job_id)
     if record is None or records.status_of(record).is_terminal:
         return False
+    if on_complete is not None:
+        on_complete(r, s3, job_id, record)
     if record.get("output"):
         output = parse_s3_uri(record["output"])
         manifest = datasets.build_manifest(job_id, record["input"], output, records.chunk_summaries(r, job_id))
@@ -182,22 +193,26 @@ def record_dead_chunk(r: Redis, payload: dict, reason: str) -> None:
     r.rpush(queues.DEAD_CHUNKS_KEY, orjson.dumps({"payload": payload, "reason": reason}))
 
 
-def settle_dead_chunks(r: Redis, s3, settings: Settings, worker_name: str) -> int:
+def settle_dead_chunks(r: Redis, s3, settings: Settings, worker_name: str, on_complete: OnComplete | None = None) -> int:
     """Settle every recorded dead chunk (a plan step's entry is dropped); how many were taken."""
     num_taken = 0
     while (entry := r.lindex(queues.DEAD_CHUNKS_KEY, 0)) is not None:
         item = orjson.loads(entry)
         if "chunk_index" in item["payload"]:
             payload = ChunkPayload.model_validate(item["payload"])
-            settle_dead_chunk(r, s3, settings, payload, item["reason"], worker_name)
+            settle_dead_chunk(r, s3, settings, payload, item["reason"], worker_name, on_complete)
         r.lrem(queues.DEAD_CHUNKS_KEY, 1, entry)
         num_taken += 1
     return num_taken
 
 
-def settle_dead_chunk(r: Redis, s3, settings: Settings, payload: ChunkPayload, reason: str, worker_name: str) -> None:
+def settle_dead_chunk(
+    r: Redis, s3, settings: Settings, payload: ChunkPayload, reason: str, worker_name: str,
+    on_complete: OnComplete | None = None,
+) -> None:
     """One error row per input row of a chunk that could not be scored."""
-    settle_chunk(r, s3, settings, ChunkWork(payload, chunks.unscored_rows(s3, payload, reason)), worker_name)
+    work = ChunkWork(payload, chunks.unscored_rows(s3, payload, reason))
+    settle_chunk(r, s3, settings, work, worker_name, on_complete)
 
 
 # ---- cancel --------------------------------------------------------------------------------

@@ -7,10 +7,15 @@
       --write_calibration--> the pack file's `calibration` section
       --calibrate_report--> packs/reports/<pack id>/{report.json, report.md, *.png}
 
-`--queries REQUEST.json` calibrates a request's own queries instead: each two-option query
-becomes a question (its first option positive) and a category of the same id, and the
-labelled rows name the query ids that are positive. The fit then goes to
-<report dir>/pack.yaml (there is no pack file to write into).
+`--queries QUERIES.json` calibrates a request's own queries instead: the file holds
+`{"queries": [...]}` (or a whole scoring request; its `messages`, if any, are not used: the
+content is each labelled row's text). Each two-option query becomes a question (its first
+option positive) and a category of the same id, and the labelled rows name the query ids
+that are positive. The fit then goes to <report dir>/pack.yaml (there is no pack file to
+write into).
+
+`--workload NAME` fits a /v1/decide workload temperature from labelled decisions
+(spinf_jobs/calibrate_workload.py).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from contract.protocol import ScoringRequest, ScoringSpec
 from contract.settings import Settings
@@ -47,7 +53,10 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--pack", help="pack id (official or under --packs) or a pack file")
-    source.add_argument("--queries", type=Path, help="a scoring request whose queries to calibrate")
+    source.add_argument("--queries", type=Path, help='{"queries": [...]} (or a scoring request) to calibrate')
+    source.add_argument("--workload", help="fit this /v1/decide workload's temperature from labelled decisions")
+    parser.add_argument("--workloads-file", type=Path, default=None,
+                        help="--workload: JSON object of SPINF_WORKLOADS to merge the fitted temperature into")
     parser.add_argument("--data", type=Path, required=True, help='labelled JSONL: {"id", "text", "labels": [...]}')
     add_setting_flag(parser, "pack_dirs", "--packs", metavar="DIR")
     add_setting_flag(parser, "default_model", "--model", help="served model name or HF folder to score with",
@@ -67,6 +76,10 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    if args.workload:
+        from spinf_jobs.calibrate_workload import run_workload
+
+        return run_workload(args.workload, args.data, args.reports_dir, args.workloads_file, args.folds)
     settings = settings_from_args(args)
     pack, pack_path = _resolve_pack(args, settings)
     rows = read_labelled(args.data, args.max_rows)
@@ -101,7 +114,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def _resolve_pack(args: argparse.Namespace, settings: Settings) -> tuple[Pack, Path | None]:
     if args.queries:
-        return pack_from_request(json.loads(args.queries.read_text())), None
+        return pack_from_request(json.loads(args.queries.read_text()), str(args.queries)), None
     candidate = Path(args.pack)
     if candidate.is_file():
         return load_pack(candidate), candidate
@@ -109,13 +122,22 @@ def _resolve_pack(args: argparse.Namespace, settings: Settings) -> tuple[Pack, P
     return registry.get(args.pack), registry.sources[args.pack]
 
 
-def pack_from_request(request: dict) -> Pack:
-    """A throwaway pack whose questions are the request's two-option queries."""
-    spec = ScoringRequest.model_validate(request)
+def pack_from_request(request: dict, source: str = "--queries") -> Pack:
+    """A throwaway pack whose questions are the file's two-option queries: `{"queries": [...]}`
+    or a scoring request (`scoring.queries`; its messages are not needed)."""
+    queries = request.get("queries", request.get("scoring", {}).get("queries")) if isinstance(request, dict) else None
+    if not isinstance(queries, list) or not queries:
+        raise SystemExit(f'{source}: give {{"queries": [...]}} (or a scoring request with scoring.queries)')
+    try:
+        spec = ScoringSpec.model_validate({"queries": queries})
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise SystemExit(f"{source}: queries.{where.removeprefix('queries.')}: {first['msg']}") from None
     questions, categories = [], []
-    for query in spec.scoring.queries:
+    for query in spec.queries:
         if len(query.options) != 2 or query.values:
-            raise ValueError(f"queries.{query.id}: calibrate takes two-option queries without values")
+            raise SystemExit(f"{source}: queries.{query.id}: calibrate takes two-option queries without values")
         qid = query.id.replace(":", "-").replace("/", "-").lower()
         questions.append(PackQuestion(id=qid, template=query.template, options=query.options,
                                       positive=[query.options[0]], answer_in=query.answer_in))

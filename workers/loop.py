@@ -45,6 +45,7 @@ from contract.payloads import ChunkPayload, PlanPayload
 from contract.settings import Settings
 from jobstore import lifecycle
 from workers import tasks
+from workers.job_calibration import calibrate_finished_job
 from workers.lookahead import HeldJob, LookAhead
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class GreedyWorker(SimpleWorker):
         for queue in self.queues:
             _clean_registries(queue)
             IntermediateQueue(queue.key, self.connection).cleanup(self, queue)  # popped, never registered
-        lifecycle.settle_dead_chunks(self.connection, self.s3, self.settings, self.name)
+        lifecycle.settle_dead_chunks(self.connection, self.s3, self.settings, self.name, calibrate_finished_job)
 
     def _heartbeat_forever(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):
@@ -297,10 +298,12 @@ class GreedyWorker(SimpleWorker):
     def _settle(self, item: HeldJob) -> dict:
         if item.job.func_name == queues.PLAN_FUNC:
             payload = PlanPayload.model_validate(item.job.kwargs["payload"])
-            return lifecycle.plan_dataset(self.connection, self.s3, self.settings, payload)
+            return lifecycle.plan_dataset(self.connection, self.s3, self.settings, payload, calibrate_finished_job)
         if item.load_error is not None:
             raise item.load_error
-        return lifecycle.settle_chunk(self.connection, self.s3, self.settings, item.work, self.name).to_dict()
+        settled = lifecycle.settle_chunk(self.connection, self.s3, self.settings, item.work, self.name,
+                                         calibrate_finished_job)
+        return settled.to_dict()
 
     def _record_stats(self, model: str, rows: list, num_tokens: int) -> None:
         pass_ids = {p for slot in rows for p in slot.pass_ids}

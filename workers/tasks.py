@@ -18,6 +18,7 @@ from contract.payloads import ChunkPayload, PlanPayload, RowError
 from contract.protocol import ScoringResponse
 from jobstore import lifecycle
 from jobstore.chunks import RowSlot
+from workers.job_calibration import calibrate_finished_job
 
 
 def score_rows(engine, rows: list[RowSlot], while_waiting=None) -> None:
@@ -71,7 +72,8 @@ def run_chunk(payload: dict) -> dict:
     work = lifecycle.load_chunk(job.connection, s3, ChunkPayload.model_validate(payload))
     if not work.is_cancelled:
         score_rows(engine_for(work.payload.model, settings), work.rows)
-    return lifecycle.settle_chunk(job.connection, s3, settings, work, job.worker_name or "rq").to_dict()
+    settled = lifecycle.settle_chunk(job.connection, s3, settings, work, job.worker_name or "rq", calibrate_finished_job)
+    return settled.to_dict()
 
 
 def run_plan(payload: dict) -> dict:
@@ -83,4 +85,5 @@ def run_plan(payload: dict) -> dict:
 
     settings = get_settings()
     plan = PlanPayload.model_validate(payload)
-    return lifecycle.plan_dataset(get_current_job().connection, make_client(settings), settings, plan)
+    return lifecycle.plan_dataset(get_current_job().connection, make_client(settings), settings, plan,
+                                  calibrate_finished_job)

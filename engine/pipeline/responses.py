@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
+from contract.probability import reweight
 from contract.protocol import (
     Combination,
     CombinationDebug,
@@ -123,13 +124,15 @@ class ResponseBuilder:
 
     def _response(self, index: int, compiled: CompiledRequest) -> ScoringResponse:
         request = compiled.request
-        results = [QueryResult(id=query.id, combinations=[]) for query in request.scoring.queries]
+        results = [QueryResult(id=query.id, combinations=[], calibrate=query.calibrate)
+                   for query in request.scoring.queries]
         for branch in compiled.branches:
             key = (index, branch.query_index, branch.combination_index)
             if branch.slot is not None:
                 combination = self._slot_combination(branch, *self.slot_answers[key], request.debug)
             else:
-                combination = self._combination(branch, self.logprobs[key], request.debug)
+                calibrate = request.scoring.queries[branch.query_index].calibrate
+                combination = self._combination(branch, self.logprobs[key], request.debug, calibrate)
             results[branch.query_index].combinations.append(combination)
         own, packs = split_response(results, compiled.packs)
         return ScoringResponse(
@@ -141,13 +144,15 @@ class ResponseBuilder:
             packs=packs,
         )
 
-    def _combination(self, branch: Branch, logprobs: list[float], debug: bool) -> Combination:
+    def _combination(self, branch: Branch, logprobs: list[float], debug: bool,
+                     calibrate: str | None = None) -> Combination:
         query_options = list(branch.floor_key.options)
         p = normalise(logprobs)
         floor_p = self.floor_p[branch.floor_key]
+        contextual = reweight(p, floor_p) if calibrate == "contextual" else [None] * len(p)
         options = [
-            OptionScore(text=text, logprob=lp, p=pi, floor_p=fp)
-            for text, lp, pi, fp in zip(query_options, logprobs, p, floor_p, strict=True)
+            OptionScore(text=text, logprob=lp, p=pi, floor_p=fp, contextual_p=cp)
+            for text, lp, pi, fp, cp in zip(query_options, logprobs, p, floor_p, contextual, strict=True)
         ]
         return Combination(
             values=branch.values,
