@@ -1,6 +1,7 @@
 """Job payloads and job views: pydantic at the queue's trust boundary.
 
     JobCreate (HTTP body) --submit--> PlanPayload | ChunkPayload (RQ job kwargs, JSON)
+    a batch's valid lines --submit_requests--> ChunkPayload(requests=[RequestItem]) (each its own request)
     ChunkPayload --worker--> result rows {custom_id, response} | {custom_id, error}
     job record (Redis hash) --> JobView (GET /v1/jobs/{id})
 
@@ -98,27 +99,38 @@ class ByteRange(_Strict):
     first_line: int = Field(ge=1)  # 1-based line number of the first line in the range
 
 
+class RequestItem(_Strict):
+    """One row that carries its own request (a batch line): scored as is, in the job's passes."""
+
+    custom_id: str
+    request: ScoringRequest
+
+
 class ChunkPayload(_Strict):
     """One RQ job: a slice of a job's rows; its results settle as one unit."""
 
     job_id: str
     chunk_index: int = Field(ge=0)
     model: str
-    scoring: ScoringSpec
+    scoring: ScoringSpec | None = None  # asked of every row of `items` or `source`
     packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
     debug: bool = False
     items: list[JobItem] | None = None  # inline rows
     source: ByteRange | None = None  # dataset rows
+    requests: list[RequestItem] | None = None  # rows with their own requests (batches)
     output: str | None = None  # s3:// prefix the chunk writes to (datasets)
     num_rows: int = Field(ge=0)  # rows in the chunk (non-blank lines for datasets)
 
     @model_validator(mode="after")
     def _source(self) -> ChunkPayload:
-        if (self.items is None) == (self.source is None):
-            raise ValueError("a chunk has exactly one of `items` or `source`")
+        if sum(rows is not None for rows in (self.items, self.source, self.requests)) != 1:
+            raise ValueError("a chunk has exactly one of `items`, `source` or `requests`")
+        if (self.scoring is None) != (self.requests is not None):
+            raise ValueError("scoring: `items` and `source` chunks need it; `requests` rows carry their own")
         if self.source is not None and self.output is None:
             raise ValueError("a dataset chunk needs `output`")
-        if self.items is not None and len(self.items) != self.num_rows:
+        listed = self.items if self.items is not None else self.requests
+        if listed is not None and len(listed) != self.num_rows:
             raise ValueError("num_rows must equal the number of items")
         return self
 
@@ -164,3 +176,13 @@ class JobView(BaseModel):
     input: str | None = None
     output: str | None = None
     error: str | None = None
+
+
+class JobList(BaseModel):
+    """GET /v1/jobs: a page of the caller's jobs, newest first; `after=last_id` for the next."""
+
+    object: Literal["list"] = "list"
+    data: list[JobView]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool

@@ -1,6 +1,7 @@
 """Submitting and cancelling jobs: job record first, then RQ jobs on the model's queue pair.
 
     inline items --chunk by chunk_num_rows--> ChunkPayload x N --> batch queue (sync queue for /v1/score)
+    batch lines (RequestItem: each its own request) --> ChunkPayload(requests) x N --> batch queue
     S3 input     --> PlanPayload --> batch queue --worker lists and cuts--> ChunkPayload x N
 
 Every payload is validated (pydantic) before it is enqueued; RQ job ids are derived from
@@ -18,10 +19,10 @@ from rq.job import Job
 from rq.job import JobStatus as RqStatus
 
 from contract import queues
-from contract.payloads import ChunkPayload, JobItem, JobStatus, PlanPayload
+from contract.payloads import ChunkPayload, JobItem, JobStatus, PlanPayload, RequestItem
 from contract.protocol import PackRef, ScoringSpec
 from contract.settings import Settings
-from jobstore import records
+from jobstore import owner_index, records
 
 
 def new_job_id() -> str:
@@ -96,8 +97,27 @@ def submit_inline(
     fields = {"owner": owner, "model": model, "kind": "sync" if is_sync else "inline"}
     fields |= {"num_rows": len(items), "num_chunks": len(chunks)}
     records.create_job(r, job_id, fields)
+    if not is_sync:  # /v1/score and chat calls are not listed in GET /v1/jobs
+        owner_index.add(r, owner_index.JOBS, owner, job_id)
     pair = queues.queue_pair(model)
     enqueue_chunks(r, settings, chunks, pair.sync if is_sync else pair.batch)
+    return job_id
+
+
+def submit_requests(
+    r: Redis, settings: Settings, owner: str, model: str, rows: list[RequestItem], job_id: str, batch_id: str,
+) -> str:
+    """One job of rows that carry their own requests (a batch's valid lines), on the model's batch queue."""
+    size = settings.chunk_num_rows
+    chunks = [
+        ChunkPayload(job_id=job_id, chunk_index=index, model=model, requests=rows[start : start + size],
+                     num_rows=len(rows[start : start + size]))
+        for index, start in enumerate(range(0, len(rows), size))
+    ]
+    fields = {"owner": owner, "model": model, "kind": "batch", "batch_id": batch_id}
+    records.create_job(r, job_id, fields | {"num_rows": len(rows), "num_chunks": len(chunks)})
+    owner_index.add(r, owner_index.JOBS, owner, job_id)
+    enqueue_chunks(r, settings, chunks, queues.queue_pair(model).batch)
     return job_id
 
 
@@ -114,6 +134,7 @@ def submit_dataset(
     )
     fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri}
     records.create_job(r, job_id, fields)
+    owner_index.add(r, owner_index.JOBS, owner, job_id)
     data = _job_data(settings, queues.PLAN_FUNC, f"{job_id}-plan", plan)
     with r.pipeline() as pipe:
         pipe.sadd(queues.rq_ids_key(job_id), data.job_id)

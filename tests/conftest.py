@@ -205,3 +205,45 @@ def passes_in_flight(monkeypatch):
         monkeypatch.setattr(runner_module, "_record_event", lambda device: _PassInFlight(busy))
 
     return make
+
+
+class SlowEngine:
+    """A real engine whose every `score_batch` first sleeps `delay_s`, and whose worker takes one
+    chunk per batch (its pass budget reads as 1 token): a job's chunks settle one by one, slowly."""
+
+    def __init__(self, engine, delay_s: float):
+        import dataclasses
+
+        self._engine = engine
+        self.delay_s = delay_s
+        self.config = dataclasses.replace(engine.config, max_num_batched_tokens=1)
+
+    def score_batch(self, requests, while_waiting=None, *args, **kwargs):
+        time.sleep(self.delay_s)
+        return self._engine.score_batch(requests, while_waiting, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@pytest.fixture
+def slow_engine(service_engine):
+    """slow_engine(delay_s) -> the tiny service engine, slowed (SlowEngine)."""
+    return lambda delay_s: SlowEngine(service_engine, delay_s)
+
+
+@pytest.fixture
+def live_service():
+    """live_service(settings, engine) -> an EmbeddedService (API + worker thread) on a free port, stopped after."""
+    from spinf_jobs.embedded import EmbeddedService
+
+    started = []
+
+    def start(settings, engine):
+        service = EmbeddedService(settings, {engine.model_name: engine}, port=free_port()).start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()

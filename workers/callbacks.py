@@ -46,8 +46,8 @@ def drain_dead_chunks(r: Redis, s3, settings: Settings, worker_name: str) -> int
 
 def settle_dead_chunk(r: Redis, s3, settings: Settings, payload: ChunkPayload, reason: str, worker_name: str) -> None:
     """One error row per input row of a chunk that could not be scored."""
-    if payload.items is not None:
-        rows = [RowSlot(item.custom_id, None) for item in payload.items]
+    if payload.source is None:  # inline items or batch requests
+        rows = [RowSlot(item.custom_id, None) for item in payload.items or payload.requests]
     else:
         source = payload.source
         data = read_range(s3, parse_s3_uri(source.uri), source.start, source.end)

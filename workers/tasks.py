@@ -52,6 +52,8 @@ def load_chunk(r: Redis, s3, payload: ChunkPayload) -> ChunkWork:
     if record is None or records.status_of(record) == JobStatus.CANCELLED:
         return ChunkWork(payload, is_cancelled=True)
     records.mark_running(r, payload.job_id)
+    if payload.requests is not None:  # batch rows: each line's own request, checked when the batch was validated
+        return ChunkWork(payload, [RowSlot(row.custom_id, None, request=row.request) for row in payload.requests])
     if payload.items is not None:
         rows = [RowSlot(item.custom_id, None) for item in payload.items]
         items = payload.items
