@@ -70,7 +70,7 @@ def test_ctrl_c_on_submit_wait_leaves_the_job_running(make_settings, slow_engine
     assert job_id.startswith("job-"), proc.stderr.read()
     time.sleep(1.5)  # following: the bar is up
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
+    _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr.decode()
     for hint in (f"spinf-jobs jobs status {job_id}", f"spinf-jobs jobs results {job_id}",
                  f"spinf-jobs jobs cancel {job_id}", "spinf-jobs jobs list"):
