@@ -63,6 +63,11 @@ def results_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:results"
 
 
+def partial_key(job_id: str) -> str:
+    """Hash: chunk index -> rows of the chunk scored so far in the pass in hand (progress before it settles)."""
+    return f"{PREFIX}:job:{job_id}:partial"
+
+
 def rq_ids_key(job_id: str) -> str:
     """Set of the RQ job ids of a job's chunks and plan (for cancel)."""
     return f"{PREFIX}:job:{job_id}:rq"

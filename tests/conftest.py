@@ -208,19 +208,27 @@ def passes_in_flight(monkeypatch):
 
 
 class SlowEngine:
-    """A real engine whose every `score_batch` first sleeps `delay_s`, and whose worker takes one
-    chunk per batch (its pass budget reads as 1 token): a job's chunks settle one by one, slowly."""
+    """A real engine whose every `score_batch` first sleeps `delay_s` (and `row_delay_s` after each
+    response it builds early), and whose worker takes one chunk per batch (its pass budget reads as
+    1 token): a job's chunks, and the rows of a chunk, settle one by one, slowly."""
 
-    def __init__(self, engine, delay_s: float):
+    def __init__(self, engine, delay_s: float, row_delay_s: float = 0.0):
         import dataclasses
 
         self._engine = engine
         self.delay_s = delay_s
+        self.row_delay_s = row_delay_s
         self.config = dataclasses.replace(engine.config, max_num_batched_tokens=1)
 
-    def score_batch(self, requests, while_waiting=None, *args, **kwargs):
+    def score_batch(self, requests, while_waiting=None, on_result=None):
         time.sleep(self.delay_s)
-        return self._engine.score_batch(requests, while_waiting, *args, **kwargs)
+
+        def slowly(index: int) -> None:
+            time.sleep(self.row_delay_s)
+            if on_result is not None:
+                on_result(index)
+
+        return self._engine.score_batch(requests, while_waiting, slowly)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -228,8 +236,8 @@ class SlowEngine:
 
 @pytest.fixture
 def slow_engine(service_engine):
-    """slow_engine(delay_s) -> the tiny service engine, slowed (SlowEngine)."""
-    return lambda delay_s: SlowEngine(service_engine, delay_s)
+    """slow_engine(delay_s, row_delay_s=0, engine=the tiny service engine) -> that engine, slowed (SlowEngine)."""
+    return lambda delay_s, row_delay_s=0.0, engine=None: SlowEngine(engine or service_engine, delay_s, row_delay_s)
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ from contract.payloads import ChunkPayload, PlanPayload
 from contract.settings import Settings
 from workers import tasks
 from workers.callbacks import drain_dead_chunks, on_chunk_failure
+from workers.row_progress import RowProgress
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +316,7 @@ class GreedyWorker(SimpleWorker):
     def _run(self, model: str, held: list[HeldJob]) -> None:
         chunks = [h for h in held if h.work is not None]
         rows = [slot for h in chunks if not h.work.is_cancelled for slot in h.work.rows]
+        RowProgress(self.connection, [h.work for h in chunks if not h.work.is_cancelled])
         tasks.score_rows(self.engines[model], rows, self._look_ahead())
         self._record_stats(model, rows, sum(h.num_tokens for h in chunks))
         for item in held:

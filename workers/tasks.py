@@ -12,6 +12,7 @@ level, JSON payloads); the greedy loop in `workers.loop` calls the pieces below 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -38,6 +39,7 @@ class RowSlot:
     error: RowError | None = None
     response: dict | None = None
     pass_ids: tuple[int, ...] = ()
+    on_scored: Callable[[], None] | None = None  # progress: told when the engine has built its response
 
 
 @dataclass(slots=True)
@@ -89,8 +91,12 @@ def score_rows(engine, rows: list[RowSlot], while_waiting=None) -> None:
     todo = [slot for slot in rows if slot.request is not None]
     if not todo:
         return
+    def on_result(index: int) -> None:
+        if todo[index].on_scored is not None:
+            todo[index].on_scored()
+
     try:
-        output = engine.score_batch([slot.request for slot in todo], while_waiting)
+        output = engine.score_batch([slot.request for slot in todo], while_waiting, on_result)
     except Exception:  # noqa: BLE001 - isolate the row that raises, keep the others
         for slot in todo:
             _score_alone(engine, slot)

@@ -87,3 +87,19 @@ def test_a_429_is_sent_again_after_its_retry_after(make_settings, slow_engine, l
     assert posts[0][0] == 201 and posts[1][:2] == (429, "1") and posts[-1][0] == 201
     refused = [at for status, _, at in posts if status == 429]
     assert posts[-1][2] - refused[-1] >= 1.0  # waited the Retry-After before sending again
+
+
+def test_progress_moves_row_by_row_within_a_chunk(make_settings, slow_engine, service_engine_factory, live_service):
+    """21 rows, one 64-row chunk, passes of ~3 rows: the callback sees rows settle before the chunk does."""
+    engine = slow_engine(0.0, row_delay_s=0.15, engine=service_engine_factory(128))
+    live = live_service(make_settings(default_model="tiny-llama"), engine)
+    rows = [{"custom_id": f"r{i}", "text": f"Customer {i}: please refund order {i}."} for i in range(21)]
+    with Client(live.base_url, "sk-test-alice") as spinf:
+        job = spinf.submit(rows, SCORING)
+        seen: list[tuple[int, int | None]] = []
+        done = spinf.wait(job.id, progress=lambda view: seen.append((view.progress.done, view.progress.total)),
+                          poll_s=0.05)
+    assert done.status is JobStatus.SUCCEEDED and seen[-1] == (21, 21)
+    between = sorted({n for n, total in seen if total == 21 and 0 < n < 21})
+    assert len(between) >= 2, seen  # at least two counts between none and all
+    assert [n for n, _ in seen] == sorted(n for n, _ in seen)  # never backwards
