@@ -86,3 +86,27 @@ def test_get_jobs_lists_the_callers_jobs_paged(client, bearer):
     assert [j["id"] for j in client.get("/v1/jobs", headers=alice).json()["data"]] == made[:0:-1]
     assert client.get("/v1/jobs?after=job-nope", headers=alice).json()["error"]["param"] == "after"
     assert len(client.get("/v1/jobs", headers=bearer("bob")).json()["data"]) == 1
+
+
+def test_a_batch_past_its_window_expires_with_every_row_an_error_line(client, bearer):
+    """No worker serves model m: the batch's job waits; a read past expires_at cancels it and
+    the batch ends expired, every valid row an error line `batch_expired`, each custom_id once."""
+    alice = bearer("alice")
+    lines = [LINE, LINE.replace(b'"a"', b'"b"', 1), b"{broken"]
+    file_id = _upload(client, alice, b"\n".join(lines)).json()["id"]
+    created = client.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/score",
+                                               "completion_window": "24h"}, headers=alice).json()
+    assert created["status"] == "validating" and created["expires_at"] == created["created_at"] + 24 * 3600
+    batch = client.get(f"/v1/batches/{created['id']}", headers=alice).json()
+    assert batch["status"] == "in_progress" and batch["request_counts"] == {"total": 3, "completed": 0, "failed": 1}
+    client.app.state.redis.hset(queues.batch_key(created["id"]), "expires_at", 1)
+    client.get(f"/v1/batches/{created['id']}", headers=alice)  # cancels the job, then finalizes
+    batch = client.get(f"/v1/batches/{created['id']}", headers=alice).json()
+    assert batch["status"] == "expired" and batch["expired_at"] and "output_file_id" not in batch
+    assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
+    errors = [orjson.loads(line) for line in
+              client.get(f"/v1/files/{batch['error_file_id']}/content", headers=alice).content.splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("a", "batch_expired"), ("b", "batch_expired"), (None, "invalid_json")]
+    job = client.get(f"/v1/jobs/{batch['id'].replace('batch_', 'job-')}", headers=alice).json()
+    assert job["status"] == "cancelled"
