@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.files import ExpiresAfter
+from contract.pages import ListPage
 
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600
@@ -133,12 +134,7 @@ class Batch(BaseModel):
     usage: BatchUsage | None = None
 
 
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Batch]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool
+BatchList = ListPage[Batch]
 
 
 class LineResponse(BaseModel):

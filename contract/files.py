@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from contract.pages import ListPage
+
 FilePurpose = Literal[
     "assistants", "assistants_output", "batch", "batch_output", "fine-tune", "fine-tune-results", "vision", "user_data",
 ]
@@ -47,9 +49,4 @@ class ExpiresAfter(BaseModel):
     seconds: int = Field(ge=MIN_EXPIRES_AFTER_S, le=MAX_EXPIRES_AFTER_S)
 
 
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FileObject]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool
+FileList = ListPage[FileObject]

@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contract.pages import ListPage
 from contract.protocol import Message, PackRef, ScoringRequest, ScoringSpec, Usage
 from contract.s3_uri import parse_s3_uri
 
@@ -178,11 +179,4 @@ class JobView(BaseModel):
     error: str | None = None
 
 
-class JobList(BaseModel):
-    """GET /v1/jobs: a page of the caller's jobs, newest first; `after=last_id` for the next."""
-
-    object: Literal["list"] = "list"
-    data: list[JobView]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool
+JobList = ListPage[JobView]  # GET /v1/jobs: a page of the caller's jobs, newest first

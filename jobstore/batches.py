@@ -186,7 +186,4 @@ def list_batches(r: Redis, owner: str, after: str | None, limit: int) -> tuple[B
     """The owner's batches, newest first (and their records, for the steps a read may start)."""
     found = owner_index.page(r, owner_index.BATCHES, owner, after, limit, owner_index.records_exist(r, queues.batch_key))
     loaded = [record for batch_id in found.ids if (record := load_batch(r, batch_id)) is not None]
-    data = [batch_view(r, record) for record in loaded]
-    page = BatchList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
-                     has_more=found.has_more)
-    return page, loaded
+    return BatchList.of([batch_view(r, record) for record in loaded], found.has_more), loaded

@@ -143,6 +143,4 @@ def list_files(r: Redis, owner: str, after: str | None, limit: int, purpose: str
         return [None if i not in loaded else purpose is None or loaded[i].object.purpose == purpose for i in ids]
 
     found = owner_index.page(r, owner_index.FILES, owner, after, limit, select, ascending=ascending)
-    data = [loaded[file_id].object for file_id in found.ids]
-    return FileList(data=data, first_id=found.ids[0] if found.ids else None,
-                    last_id=found.ids[-1] if found.ids else None, has_more=found.has_more)
+    return FileList.of([loaded[file_id].object for file_id in found.ids], found.has_more)

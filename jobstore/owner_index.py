@@ -87,5 +87,4 @@ def list_jobs(r: Redis, owner: str, after: str | None, limit: int) -> JobList:
     """GET /v1/jobs: the owner's jobs (inline, dataset, batch; not /v1/score calls), newest first."""
     found = page(r, JOBS, owner, after, limit, records_exist(r, queues.job_key))
     views = [view for job_id in found.ids if (view := records.load_view(r, job_id)) is not None]
-    return JobList(data=views, first_id=views[0].id if views else None, last_id=views[-1].id if views else None,
-                   has_more=found.has_more)
+    return JobList.of(views, found.has_more)

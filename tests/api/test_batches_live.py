@@ -178,7 +178,7 @@ def test_list_pages_over_every_batch(live):
         Batch.model_validate(item, strict=True)
     listed = [batch.id for batch in alice.batches.list(limit=2)]  # the SDK's pager follows `after`
     assert listed == made[::-1]
-    assert [f.id for f in alice.files.list()] == [file_id]
+    assert [f.id for f in alice.files.list(purpose="batch")] == [file_id]  # not the batches' output files
 
 
 def test_cancel_mid_batch_keeps_the_finished_rows(make_settings, slow_engine, live_service):
