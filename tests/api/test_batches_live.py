@@ -179,6 +179,9 @@ def test_list_pages_over_every_batch(live):
     listed = [batch.id for batch in alice.batches.list(limit=2)]  # the SDK's pager follows `after`
     assert listed == made[::-1]
     assert [f.id for f in alice.files.list(purpose="batch")] == [file_id]  # not the batches' output files
+    expiring = alice.files.create(file=("e.jsonl", io.BytesIO(b"{}\n")), purpose="batch",
+                                  expires_after={"anchor": "created_at", "seconds": 7200})
+    assert expiring.expires_at - expiring.created_at in (7199, 7200, 7201)  # the SDK's form encoding is read
 
 
 def test_cancel_mid_batch_keeps_the_finished_rows(make_settings, slow_engine, live_service):
