@@ -30,7 +30,7 @@ from api.served import resolve_model
 from contract import queues
 from contract.batches import BatchStatus
 from contract.payloads import RequestItem
-from contract.protocol import ScoringRequest
+from contract.protocol import ScoringRequest, ScoringSpec
 from contract.settings import Settings
 from jobstore import batches, files, records
 from jobstore.batch_lines import LineCall, RefusedLine, parse_line, refuse
@@ -115,13 +115,14 @@ class _LineChecker:
         self.seen: set[str] = set()
         self.resolved: dict[str | None, str | ApiError] = {}
         self.model: str | None = None
+        self.specs: dict[bytes, ScoringSpec] = {}  # a batch's lines mostly ask the same questions
 
     def check(self, line: int, raw: bytes) -> tuple[LineCall, ScoringRequest] | RefusedLine:
         call = parse_line(line, raw, self.endpoint.url, self.seen)
         if isinstance(call, RefusedLine):
             return call
         try:
-            request = self.endpoint.to_request(call.body, self.steps.settings)
+            request = self.endpoint.to_request(self._shared_scoring(call.body), self.steps.settings)
         except BodyError as error:
             return refuse(line, call.custom_id, "invalid_body", error.message, f"body.{error.param}")
         for index, ref in enumerate(request.packs):
@@ -138,6 +139,20 @@ class _LineChecker:
                           f"this batch runs on {self.model!r} (its first request's model); one model per batch",
                           "body.model")
         return call, request.model_copy(update={"model": None})  # the job's queue names the model
+
+    def _shared_scoring(self, body: dict) -> dict:
+        """The body with its `scoring` as the ScoringSpec validated for an earlier line with the same
+        JSON (a spec that does not validate is left for the endpoint to refuse, naming its field)."""
+        spec = body.get("scoring")
+        if not self.endpoint.shares_scoring or not isinstance(spec, dict):
+            return body
+        key = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
+        if key not in self.specs:
+            try:
+                self.specs[key] = ScoringSpec.model_validate(spec)
+            except ValueError:
+                return body
+        return body | {"scoring": self.specs[key]}
 
     def _resolve(self, name: str | None) -> str | ApiError:
         if name not in self.resolved:

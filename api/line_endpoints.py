@@ -13,6 +13,7 @@ job's rows until the batch is finalized. Pure functions of the body and the sett
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ from api.routes.chat import (
 )
 from contract.protocol import ScoringRequest
 from contract.settings import Settings
+
+_FIELD_PREFIX_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
 
 
 class BodyError(ValueError):
@@ -43,6 +46,7 @@ class LineEndpoint:
     to_request: Callable[[dict, Settings], ScoringRequest]  # raises BodyError
     to_body: Callable[[dict | None, dict, Settings], dict]  # (line body if reads_body, response JSON) -> body
     reads_body: bool = False
+    shares_scoring: bool = False  # body["scoring"] is a ScoringSpec: validated once per distinct spec in a batch
 
 
 def validated(model, body: dict):
@@ -54,9 +58,14 @@ def validated(model, body: dict):
 
 
 def body_error(error: ValidationError) -> BodyError:
+    """The first error, a model validator's "options: ..." folded into the field (as the API's 422s)."""
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "body"
-    return BodyError(field, first["msg"].removeprefix("Value error, "))
+    field = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    named = _FIELD_PREFIX_RE.match(message)
+    if named and not field.endswith(named.group(1)):
+        field, message = ".".join(filter(None, (field, named.group(1)))), message[named.end() :]
+    return BodyError(field or "body", message)
 
 
 def _score_request(body: dict, settings: Settings) -> ScoringRequest:
@@ -81,8 +90,8 @@ def _chat_body(body: dict | None, response: dict, settings: Settings) -> dict:
     return completion_body(response)
 
 
-SCORE = LineEndpoint("/v1/score", _score_request, _score_body)
-CHAT = LineEndpoint("/v1/chat/completions", _chat_request, _chat_body)
+SCORE = LineEndpoint("/v1/score", _score_request, _score_body, shares_scoring=True)
+CHAT = LineEndpoint("/v1/chat/completions", _chat_request, _chat_body, shares_scoring=True)
 
 # DECISIONS: the Decisions API's translators (prompt_packs.decision_format.decision_request and
 # prompt_packs.decision_answers.read_decision, contract.decisions.DecisionCreate) register here:

@@ -110,3 +110,20 @@ def test_a_batch_past_its_window_expires_with_every_row_an_error_line(client, be
         ("a", "batch_expired"), ("b", "batch_expired"), (None, "invalid_json")]
     job = client.get(f"/v1/jobs/{batch['id'].replace('batch_', 'job-')}", headers=alice).json()
     assert job["status"] == "cancelled"
+
+
+def test_lines_sharing_a_spec_and_a_bad_spec(client, bearer):
+    """Lines with the same scoring spec share one validated spec; a bad spec still names its field."""
+    alice = bearer("alice")
+    bad = {"queries": [{"id": "q", "template": "x{?}", "options": [" only"]}]}
+    lines = [LINE, LINE.replace(b'"a"', b'"b"', 1),
+             orjson.dumps({"custom_id": "c", "method": "POST", "url": "/v1/score",
+                           "body": {"messages": [{"role": "user", "content": "hi"}], "scoring": bad}})]
+    file_id = _upload(client, alice, b"\n".join(lines)).json()["id"]
+    batch_id = client.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/score",
+                                                "completion_window": "24h"}, headers=alice).json()["id"]
+    r = client.app.state.redis
+    [refused] = [orjson.loads(v) for v in r.hgetall(queues.batch_invalid_key(batch_id)).values()]
+    assert refused["custom_id"] == "c" and refused["error"]["param"] == "body.scoring.queries.0.options"
+    assert refused["error"]["message"].startswith("give at least 2 options")
+    assert client.get(f"/v1/batches/{batch_id}", headers=alice).json()["request_counts"]["failed"] == 1
