@@ -1,6 +1,7 @@
 """Job payloads and job views: pydantic at the queue's trust boundary.
 
     JobCreate (HTTP body) --submit--> PlanPayload | ChunkPayload (RQ job kwargs, JSON)
+    a batch's valid lines --submit_requests--> ChunkPayload(requests=[RequestItem]) (each its own request)
     ChunkPayload --worker--> result rows {custom_id, response} | {custom_id, error}
     job record (Redis hash) --> JobView (GET /v1/jobs/{id})
 
@@ -18,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contract.pages import ListPage
 from contract.protocol import Message, PackRef, ScoringRequest, ScoringSpec, Usage
 from contract.s3_uri import parse_s3_uri
 
@@ -118,23 +120,35 @@ class ByteRange(_Strict):
     first_line: int = Field(ge=1)  # 1-based line number of the first line in the range
 
 
+class RequestItem(_Strict):
+    """One row that carries its own request (a batch line): scored as is, in the job's passes."""
+
+    custom_id: str
+    request: ScoringRequest
+
+
 class ChunkPayload(JobSpec):
     """One RQ job: a slice of a job's rows; its results settle as one unit."""
 
     job_id: str
     chunk_index: int = Field(ge=0)
+    scoring: ScoringSpec | None = None  # asked of every row of `items` or `source`; `requests` rows carry their own
     items: list[JobItem] | None = None  # inline rows
     source: ByteRange | None = None  # dataset rows
+    requests: list[RequestItem] | None = None  # rows with their own requests (batches)
     output: str | None = None  # s3:// prefix the chunk writes to (datasets)
     num_rows: int = Field(ge=0)  # rows in the chunk (non-blank lines for datasets)
 
     @model_validator(mode="after")
     def _source(self) -> ChunkPayload:
-        if (self.items is None) == (self.source is None):
-            raise ValueError("a chunk has exactly one of `items` or `source`")
+        if sum(rows is not None for rows in (self.items, self.source, self.requests)) != 1:
+            raise ValueError("a chunk has exactly one of `items`, `source` or `requests`")
+        if (self.scoring is None) != (self.requests is not None):
+            raise ValueError("scoring: `items` and `source` chunks need it; `requests` rows carry their own")
         if self.source is not None and self.output is None:
             raise ValueError("a dataset chunk needs `output`")
-        if self.items is not None and len(self.items) != self.num_rows:
+        listed = self.items if self.items is not None else self.requests
+        if listed is not None and len(listed) != self.num_rows:
             raise ValueError("num_rows must equal the number of items")
         return self
 
@@ -176,3 +190,6 @@ class JobView(BaseModel):
     input: str | None = None
     output: str | None = None
     error: str | None = None
+
+
+JobList = ListPage[JobView]  # GET /v1/jobs: a page of the caller's jobs, newest first

@@ -73,6 +73,15 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = 24 * 3600
     max_num_retries: int = Field(default=3, ge=0)  # re-queues of a chunk whose worker died or whose run raised
 
+    # files and batches (POST /v1/files, /v1/batches; docs/batches.md): limits and storage
+    max_file_bytes: int = 200 * 1024 * 1024  # an upload larger than this is a 413 (OpenAI's batch file limit)
+    max_batch_lines: int = 50_000  # requests in one batch input file (OpenAI's limit); more is a 422
+    file_redis_max_bytes: int = 8 * 1024 * 1024  # files up to this size live in Redis; larger ones in files_s3
+    files_s3: str | None = None  # "s3://bucket/prefix/" for the larger files; unset: every file lives in Redis
+    file_ttl_s: int = 30 * 24 * 3600  # lifetime of a file without expires_after (OpenAI's for purpose=batch)
+    max_list_limit: int = 100  # the largest `limit` of GET /v1/files, /v1/batches and /v1/jobs
+    step_lease_s: int = 30  # a batch's validation or finalization not heard from for this long is taken over
+
     # workers
     heartbeat_interval_s: float = 5.0  # a held job's heartbeat period
     heartbeat_ttl_s: int = 30  # a job whose heartbeat is older than this is re-queued

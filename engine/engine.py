@@ -166,19 +166,21 @@ class Engine:
         return compiled.tree.num_tokens
 
     def score_batch(
-        self, requests: list[ScoringRequest], while_waiting: Callable[[], bool] | None = None
+        self, requests: list[ScoringRequest], while_waiting: Callable[[], bool] | None = None,
+        on_result: Callable[[int], None] | None = None,
     ) -> BatchOutput:
         """One response per request, in order. `while_waiting`: a step of host work (e.g. a
         worker gathering its next jobs) run while a pass is on the GPU, again while it returns
         True and the pass is not done; the next launch waits for the step in progress, so steps
-        should be short. It must not call this engine's score_batch. Not called on CPU."""
+        should be short. It must not call this engine's score_batch. Not called on CPU.
+        `on_result(i)`: request i's response is built, before the batch's last pass (progress)."""
         with cyclic_gc_deferred():
-            return self._score_batch(requests, while_waiting)
+            return self._score_batch(requests, while_waiting, on_result)
 
-    def _score_batch(self, requests: list[ScoringRequest], while_waiting) -> BatchOutput:
+    def _score_batch(self, requests: list[ScoringRequest], while_waiting, on_result=None) -> BatchOutput:
         compiled = [self._compiled(request) for request in requests]
         self._counted.clear()
-        builder = ResponseBuilder(self, compiled)
+        builder = ResponseBuilder(self, compiled, on_result)
         pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), pack)
         batches = pack(self._trees(compiled, builder), self.config.max_num_batched_tokens,

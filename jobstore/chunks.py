@@ -1,7 +1,8 @@
 """A chunk's rows: read from its payload, written back as exactly one result row each.
 
     ChunkPayload --read_rows--> [RowSlot]: a ScoringRequest per good row, the RowError of a bad one
-      (inline `items`, or the lines of an S3 byte range through datasets.parse_row)
+      (inline `items`, the lines of an S3 byte range through datasets.parse_row, or a batch's
+      `requests`, each row its own request)
     ChunkPayload --unscored_rows(reason)--> [RowSlot]: every row an error (a chunk RQ gave up on)
     [RowSlot] (a response or an error each, pass ids)
       --write_rows--> Redis results hash (inline) | S3 results/ and errors/ objects (datasets)
@@ -13,12 +14,13 @@ No engine here: between reading and writing, the worker fills each slot's `respo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
 from redis import Redis
 
-from contract.payloads import ChunkPayload, JobItem, RowError
+from contract.payloads import ChunkPayload, JobItem, RequestItem, RowError
 from contract.protocol import ScoringRequest
 from contract.s3_uri import parse_s3_uri
 from jobstore import datasets, records
@@ -35,6 +37,7 @@ class RowSlot:
     response: dict | None = None
     pass_ids: tuple[int, ...] = ()
     labels: list[str] | None = None  # the row's labels (a labelled job), carried into its result row
+    on_scored: Callable[[], None] | None = None  # progress: told when the engine has built its response
 
 
 @dataclass(slots=True)
@@ -46,6 +49,8 @@ class ChunkWork:
 
 def read_rows(s3, payload: ChunkPayload) -> list[RowSlot]:
     """One slot per input row: with its request, or with the error that replaces its result."""
+    if payload.requests is not None:  # batch rows: each line's own request, checked when the batch was validated
+        return [RowSlot(row.custom_id, None, request=row.request) for row in payload.requests]
     rows = []
     for line, item in _read_items(s3, payload):
         if isinstance(item, RowError):
@@ -69,9 +74,9 @@ def unscored_rows(s3, payload: ChunkPayload, reason: str) -> list[RowSlot]:
     ]
 
 
-def _read_items(s3, payload: ChunkPayload) -> list[tuple[int | None, JobItem | RowError]]:
-    if payload.items is not None:
-        return [(None, item) for item in payload.items]
+def _read_items(s3, payload: ChunkPayload) -> list[tuple[int | None, JobItem | RequestItem | RowError]]:
+    if payload.items is not None or payload.requests is not None:  # inline items or batch requests
+        return [(None, item) for item in payload.items or payload.requests]
     source = payload.source
     data = read_range(s3, parse_s3_uri(source.uri), source.start, source.end)
     return [(line, datasets.parse_row(raw, line)) for line, raw in datasets.split_lines(data, source.first_line)]

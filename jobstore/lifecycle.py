@@ -2,6 +2,8 @@
 finalize, cancel. Every step that moves a job or a chunk is here; no engine.
 
     submit_inline:  record (queued) -> ChunkPayload x N (chunk_num_rows rows each) -> batch | sync queue
+    submit_requests: record (queued) -> ChunkPayload(requests: each row its own request, a
+                    batch's valid lines) x N -> batch queue
     submit_dataset: record (queued) -> PlanPayload -> batch queue
     plan_dataset:   running -> list the input, cut it (datasets.plan_chunks) -> ChunkPayload x N
                     -> batch queue; an S3 error ends the job failed, with the reason
@@ -30,11 +32,11 @@ from rq.job import Job
 from rq.job import JobStatus as RqStatus
 
 from contract import queues
-from contract.payloads import ChunkPayload, JobItem, JobSpec, JobStatus, PlanPayload
+from contract.payloads import ChunkPayload, JobItem, JobSpec, JobStatus, PlanPayload, RequestItem
 from contract.protocol import PackRef, ScoringSpec
 from contract.s3_uri import parse_s3_uri
 from contract.settings import Settings
-from jobstore import chunks, datasets, records
+from jobstore import chunks, datasets, owner_index, records
 from jobstore.chunks import ChunkWork
 from jobstore.records import ChunkSummary
 from jobstore.s3 import iter_lines, list_keys, put_bytes
@@ -72,8 +74,27 @@ def submit_inline(
     fields = {"owner": owner, "model": model, "kind": "sync" if is_sync else "inline"}
     fields |= {"num_rows": len(items), "num_chunks": len(payloads)}
     records.create_job(r, job_id, fields)
+    if not is_sync:  # /v1/score and chat calls are not listed in GET /v1/jobs
+        owner_index.add(r, owner_index.JOBS, owner, job_id)
     pair = queues.queue_pair(model)
     enqueue_chunks(r, settings, payloads, pair.sync if is_sync else pair.batch)
+    return job_id
+
+
+def submit_requests(
+    r: Redis, settings: Settings, owner: str, model: str, rows: list[RequestItem], job_id: str, batch_id: str,
+) -> str:
+    """One job of rows that carry their own requests (a batch's valid lines), on the model's batch queue."""
+    size = settings.chunk_num_rows
+    payloads = [
+        ChunkPayload(job_id=job_id, chunk_index=index, model=model, requests=rows[start : start + size],
+                     num_rows=len(rows[start : start + size]))
+        for index, start in enumerate(range(0, len(rows), size))
+    ]
+    fields = {"owner": owner, "model": model, "kind": "batch", "batch_id": batch_id}
+    records.create_job(r, job_id, fields | {"num_rows": len(rows), "num_chunks": len(payloads)})
+    owner_index.add(r, owner_index.JOBS, owner, job_id)
+    enqueue_chunks(r, settings, payloads, queues.queue_pair(model).batch)
     return job_id
 
 
@@ -87,6 +108,7 @@ def submit_dataset(
                        output=output_uri, chunk_num_rows=settings.chunk_num_rows)
     fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri}
     records.create_job(r, job_id, fields)
+    owner_index.add(r, owner_index.JOBS, owner, job_id)
     enqueue_plan(r, settings, plan)
     return job_id
 

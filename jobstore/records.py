@@ -165,6 +165,7 @@ def _job_keys(job_id: str) -> list[str]:
         queues.results_key(job_id),
         queues.rq_ids_key(job_id),
         queues.passes_key(job_id),
+        queues.partial_key(job_id),
     ]
 
 
@@ -186,9 +187,11 @@ def load_view(r: Redis, job_id: str) -> JobView | None:
         return None
     summaries = chunk_summaries(r, job_id)
     num_rows = record.get("num_rows")
+    partial = {int(k): int(v) for k, v in r.hgetall(queues.partial_key(job_id)).items()}  # chunks in a pass
     progress = Progress(
         total=int(num_rows) if num_rows else None,
-        done=sum(s.num_done for s in summaries.values()),
+        done=sum(s.num_done for s in summaries.values())
+        + sum(n for index, n in partial.items() if index not in summaries),
         failed=sum(s.num_failed for s in summaries.values()),
     )
 

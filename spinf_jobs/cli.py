@@ -4,6 +4,7 @@
     spinf-jobs parity --model NAME     the engine against an independent transformers reference
     spinf-jobs serve | api | worker | demo   the service (spinf_jobs/service_commands.py)
     spinf-jobs calibrate ...           fit a prompt pack's calibration (spinf_jobs/calibrate_command.py)
+    spinf-jobs submit | jobs ...       submit a JSONL file, follow, fetch, cancel, list jobs (spinf_jobs/jobs_commands.py)
 
 The engine (and torch) is imported inside the commands that need it, never at import time.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 import orjson
 
 from spinf_jobs.calibrate_command import add_calibrate_command
+from spinf_jobs.jobs_commands import add_jobs_commands
 from spinf_jobs.service_commands import add_service_commands
 from spinf_jobs.setting_flags import add_setting_flag, settings_from_args
 
@@ -37,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parity(subparsers)
     add_service_commands(subparsers)
     add_calibrate_command(subparsers)
+    add_jobs_commands(subparsers)
     return parser
 
 

@@ -47,6 +47,7 @@ from jobstore import lifecycle
 from workers import tasks
 from workers.job_calibration import calibrate_finished_job
 from workers.lookahead import HeldJob, LookAhead
+from workers.row_progress import RowProgress
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +274,7 @@ class GreedyWorker(SimpleWorker):
     def _run(self, model: str, held: list[HeldJob]) -> None:
         chunks = [h for h in held if h.work is not None]
         rows = [slot for h in chunks if not h.work.is_cancelled for slot in h.work.rows]
+        RowProgress(self.connection, [h.work for h in chunks if not h.work.is_cancelled])
         tasks.score_rows(self.engines[model], rows, self._look_ahead())
         self._record_stats(model, rows, sum(h.num_tokens for h in chunks))
         for item in held:

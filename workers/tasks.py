@@ -27,8 +27,12 @@ def score_rows(engine, rows: list[RowSlot], while_waiting=None) -> None:
     todo = [slot for slot in rows if slot.request is not None]
     if not todo:
         return
+    def on_result(index: int) -> None:
+        if todo[index].on_scored is not None:
+            todo[index].on_scored()
+
     try:
-        output = engine.score_batch([slot.request for slot in todo], while_waiting)
+        output = engine.score_batch([slot.request for slot in todo], while_waiting, on_result)
     except Exception:  # noqa: BLE001 - isolate the row that raises, keep the others
         for slot in todo:
             _score_alone(engine, slot)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from contract.probability import reweight
@@ -34,9 +35,11 @@ if TYPE_CHECKING:
 
 
 class ResponseBuilder:
-    def __init__(self, engine: Engine, compiled: list[CompiledRequest | RequestError]) -> None:
+    def __init__(self, engine: Engine, compiled: list[CompiledRequest | RequestError],
+                 on_done: Callable[[int], None] | None = None) -> None:
         self.engine = engine
         self.compiled = compiled
+        self.on_done = on_done  # told each request index whose response is built early
         self.logprobs: dict[tuple[int, int, int], list[float]] = {}  # (request, query, combination)
         self.pass_ids: list[set[int]] = [set() for _ in compiled]
         self.usage = [Usage() for _ in compiled]
@@ -79,6 +82,8 @@ class ResponseBuilder:
                 for branch in request.branches
             ):
                 self._done[index] = self._response(index, request)
+                if self.on_done is not None:
+                    self.on_done(index)
 
     def _collect_trees(self, batch: PackedBatch, output: RunnerOutput) -> None:
         for packed in batch.trees:

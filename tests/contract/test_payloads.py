@@ -18,7 +18,7 @@ def test_the_spec_fields_sit_flat_in_every_payload():
         assert isinstance(payload, JobSpec)
         assert SPEC_FIELDS <= set(payload.model_dump(mode="json"))
     assert (body.model, body.packs, body.debug) == (None, [PackRef(id="spinf/moderation")], False)
-    assert set(chunk.model_dump(mode="json")) == SPEC_FIELDS | {"job_id", "chunk_index", "items", "source", "output",
+    assert set(chunk.model_dump(mode="json")) == SPEC_FIELDS | {"job_id", "chunk_index", "items", "source", "requests", "output",
                                                                 "num_rows"}
     assert set(plan.model_dump(mode="json")) == SPEC_FIELDS | {"job_id", "input", "output", "chunk_num_rows"}
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from contract.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-READ_ELSEWHERE = {"SPINF_CACHE_DIR", "SPINF_IMAGE"}  # the converted-checkpoint cache (engine), the compose image
+# the converted-checkpoint cache (engine), the compose image, the client's service and key (client/)
+READ_ELSEWHERE = {"SPINF_CACHE_DIR", "SPINF_IMAGE", "SPINF_BASE_URL", "SPINF_API_KEY"}
 
 
 def _variables(text: str) -> set[str]:
