@@ -34,12 +34,7 @@ from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.loading.loader import LoadedCheckpoint, load_checkpoint
 from engine.loading.model_registry import DEFAULT_MODEL
 from engine.loading.quantization import QUANTIZATION_RECIPES, quantize
-from engine.pipeline.compiler import (
-    CompiledRequest,
-    FloorKey,
-    compile_floor,
-    compile_request,
-)
+from engine.pipeline.compiler import compile_floor, compile_request
 from engine.pipeline.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
 from engine.pipeline.pack_requests import PackRequestError, expand_request
 from engine.pipeline.packer import (
@@ -52,6 +47,13 @@ from engine.pipeline.packer import (
 from engine.pipeline.prompts import PromptError, PromptRenderer
 from engine.pipeline.responses import ResponseBuilder
 from engine.pipeline.runner import ModelRunner
+from engine.pipeline.stages import (
+    BatchOutput,
+    CompiledRequest,
+    RequestError,
+    TokenTree,
+    TreeOwner,
+)
 from engine.pipeline.tokenize import Tokenize
 from engine.pipeline.tree import build_tree
 from prompt_packs.registry import PackRegistry
@@ -95,24 +97,6 @@ class EngineConfig:
     floor_cache_size: int = DEFAULT_FLOOR_CACHE_SIZE
     quantization: str = "none"  # "none" | "fp8" (Hopper) | "int8" (weights only); see quantizations/
     pack_dirs: tuple[str, ...] = ()  # prompt-pack folders loaded on top of the official packs/
-
-
-@dataclass(slots=True)
-class RequestError:
-    field: str  # which field is wrong, e.g. "messages"
-    message: str  # what to fix
-
-
-@dataclass(slots=True)
-class BatchOutput:
-    results: list[ScoringResponse | RequestError]  # one per request, same order
-    pass_ids: list[tuple[int, ...]]  # the forward passes that served each request
-
-
-@dataclass(frozen=True, slots=True)
-class _TreeOwner:
-    request_index: int  # -1 for a floor tree
-    floor_key: FloorKey | None = None
 
 
 class Engine:
@@ -162,8 +146,7 @@ class Engine:
         self._counted[id(request)] = (request, compiled)
         if isinstance(compiled, RequestError):
             return 0
-        compiled.tree = build_tree(compiled.branches)  # packed as is by that call: built once
-        return compiled.tree.num_tokens
+        return compiled.num_tokens
 
     def score_batch(
         self, requests: list[ScoringRequest], while_waiting: Callable[[], bool] | None = None
@@ -178,7 +161,7 @@ class Engine:
     def _score_batch(self, requests: list[ScoringRequest], while_waiting) -> BatchOutput:
         compiled = [self._compiled(request) for request in requests]
         self._counted.clear()
-        builder = ResponseBuilder(self, compiled)
+        builder = ResponseBuilder(compiled, self.floors, self.model_name, self.system_fingerprint, self.tokenizer)
         pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), pack)
         batches = pack(self._trees(compiled, builder), self.config.max_num_batched_tokens,
@@ -221,10 +204,9 @@ class Engine:
             return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
         try:
             expanded, packs = expand_request(request, self.packs)
-            compiled = compile_request(expanded, self.renderer, self.tokenize)
+            compiled = compile_request(expanded, self.renderer, self.tokenize, packs)
         except (PromptError, PackRequestError) as error:
             return RequestError(error.field, str(error))
-        compiled.packs = packs
         for branch in compiled.branches:
             if branch.slot is not None:
                 try:
@@ -239,16 +221,18 @@ class Engine:
             )
         return compiled
 
-    def _trees(self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder):
+    def _trees(
+        self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder
+    ) -> Iterator[tuple[TreeOwner, TokenTree]]:
         """Floors first (small; every request waits for its floors), then each request's tree."""
         for key in builder.missing_floors():
-            yield _TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
+            yield TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
         budget = self.config.max_num_batched_tokens
         for index, request in enumerate(compiled):
             if isinstance(request, RequestError):
                 continue
-            for tree in split_tree(request.branches, budget, request.tree):  # built here or by count_tokens
-                yield _TreeOwner(index), tree
+            for tree in split_tree(request.tree, budget):
+                yield TreeOwner(index), tree
 
 
 def fingerprint(weights_sha256: str, dtype: torch.dtype, device: torch.device, quantization: str = "none") -> str:

@@ -214,6 +214,7 @@ def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, m
     """A worker counts each request's tokens, then scores the batch: the tree is built once,
     and the scores are those of scoring without counting."""
     import engine.engine as engine_module
+    import engine.pipeline.compiler as compiler_module
     import engine.pipeline.packer as packer_module
 
     engine = tiny_engine("qwen2")
@@ -228,6 +229,7 @@ def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, m
         return build_tree
 
     monkeypatch.setattr(engine_module, "build_tree", counting(engine_module.build_tree))
+    monkeypatch.setattr(compiler_module, "build_tree", counting(compiler_module.build_tree))
     monkeypatch.setattr(packer_module, "build_tree", counting(packer_module.build_tree))
     counts = [engine.count_tokens(r) for r in requests]
     assert len(builds) == 3 and all(counts)

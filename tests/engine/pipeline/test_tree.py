@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.layers.ops import ROW_CHUNK
-from engine.pipeline.compiler import Branch
+from engine.pipeline.stages import Branch
 from engine.pipeline.packer import padded, tree_mask
 from engine.pipeline.tree import build_tree
 
