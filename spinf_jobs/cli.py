@@ -57,7 +57,7 @@ def _score(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from contract.protocol import ScoringRequest
-    from engine.engine import Engine, EngineConfig, RequestError
+    from engine import Engine, EngineConfig, RequestError
 
     raw = sys.stdin.buffer.read() if args.request == "-" else open(args.request, "rb").read()
     try:
@@ -67,7 +67,7 @@ def _score(args: argparse.Namespace) -> int:
         return 2
     model = request.model or args.model
     engine = Engine(EngineConfig(model=model, device=args.device, max_num_batched_tokens=args.max_num_batched_tokens))
-    [result] = engine.score_batch([request.model_copy(update={"model": engine.model_name})]).results
+    [result] = engine.score_requests([request.model_copy(update={"model": engine.model_name})]).results
     if isinstance(result, RequestError):
         print(f"invalid request: {result.field}: {result.message}", file=sys.stderr)
         return 2

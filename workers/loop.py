@@ -5,7 +5,7 @@
     for every row taken -> settle each chunk -> complete each RQ job (success or failure)
 
 While a batch's passes are on the GPU, the waits between them gather the next batch a step
-at a time (hold and load a job, count one row: its tokenization and tree), never blocking;
+at a time (hold and load a job, compile one row: its tokenization and tree), never blocking;
 the next step scores what they gathered, after finishing it. On CPU nothing waits, and the
 next batch is gathered after this one, as without the look-ahead.
 
@@ -43,6 +43,7 @@ from rq.worker import WorkerStatus
 from contract import queues
 from contract.payloads import ChunkPayload, PlanPayload
 from contract.settings import Settings
+from engine import RequestError
 from workers import tasks
 from workers.callbacks import drain_dead_chunks, on_chunk_failure
 
@@ -371,18 +372,20 @@ def _clean_registries(queue: Queue) -> None:
 
 def _counting(engine, item: HeldJob) -> Iterator[None]:
     """Count the held chunk's rows into item.num_tokens, a row a step (none for a plan step or a
-    failed load); each count keeps the row compiled for scoring (Engine.count_tokens)."""
+    failed load); each row is compiled for scoring (Engine.compile, kept on the row)."""
     for slot in item.work.rows if item.work is not None else ():
         if slot.request is not None:
-            item.num_tokens += _count(engine, slot.request)
+            item.num_tokens += _count(engine, slot)
             yield
 
 
-def _count(engine, request) -> int:
+def _count(engine, slot: tasks.RowSlot) -> int:
+    """The tokens the row adds to a pass: its compiled tree's (0 for a row that cannot be served)."""
     try:
-        return engine.count_tokens(request)
-    except Exception:  # noqa: BLE001 - score_batch reports the row's error
+        slot.compiled = engine.compile(slot.request)
+    except Exception:  # noqa: BLE001 - score_rows compiles it again and reports the row's error
         return 0
+    return 0 if isinstance(slot.compiled, RequestError) else slot.compiled.num_tokens
 
 
 def _describe(name: str, engine) -> dict:

@@ -1,6 +1,7 @@
 """What a worker does with the RQ jobs it holds: load rows, score them together, settle chunks.
 
-    ChunkPayload --load_chunk--> [RowSlot] --score_rows (one engine.score_batch for the batch)-->
+    ChunkPayload --load_chunk--> [RowSlot] --Engine.compile per row (the worker's count, else in
+    score_rows)--> RowSlot.compiled --score_rows (one engine.score_batch for the batch)-->
     RowSlot.response | RowSlot.error --settle_chunk--> results (Redis or S3) + errors + summary
     last chunk settled --finalize_if_complete--> manifest (datasets) + job status succeeded
     PlanPayload --plan_dataset--> ChunkPayload x N on the batch queue
@@ -13,6 +14,7 @@ level, JSON payloads); the greedy loop in `workers.loop` calls the pieces below 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 from botocore.exceptions import BotoCoreError, ClientError
@@ -27,6 +29,9 @@ from jobstore import datasets, records
 from jobstore.s3 import get_bytes, iter_lines, list_keys, put_bytes, read_range
 from jobstore.submit import enqueue_chunks
 
+if TYPE_CHECKING:  # types only: loading a chunk needs no torch
+    from engine import CompiledRequest, RequestError
+
 PLAN_ENQUEUE_BATCH = 256  # chunk jobs per Redis round trip while planning
 
 
@@ -35,6 +40,7 @@ class RowSlot:
     custom_id: str | None
     line: int | None  # 1-based line in the input object (datasets)
     request: ScoringRequest | None = None
+    compiled: CompiledRequest | RequestError | None = None  # Engine.compile(request), once compiled
     error: RowError | None = None
     response: dict | None = None
     pass_ids: tuple[int, ...] = ()
@@ -82,13 +88,14 @@ def _request_or_error(slot: RowSlot, item, payload: ChunkPayload) -> ScoringRequ
 
 
 def score_rows(engine, rows: list[RowSlot], while_waiting=None) -> None:
-    """Score every row that has a request, in one `score_batch` call when nothing raises.
-    `while_waiting`: host work for the GPU waits of that call (Engine.score_batch)."""
+    """Score every row that has a request, in one `score_batch` call when nothing raises; a
+    row the worker did not count yet is compiled here. `while_waiting`: host work for the GPU
+    waits of that call (Engine.score_batch)."""
     todo = [slot for slot in rows if slot.request is not None]
     if not todo:
         return
     try:
-        output = engine.score_batch([slot.request for slot in todo], while_waiting)
+        output = engine.score_batch([_compiled(engine, slot) for slot in todo], while_waiting)
     except Exception:  # noqa: BLE001 - isolate the row that raises, keep the others
         for slot in todo:
             _score_alone(engine, slot)
@@ -97,9 +104,15 @@ def score_rows(engine, rows: list[RowSlot], while_waiting=None) -> None:
         _fill(slot, result, pass_ids)
 
 
+def _compiled(engine, slot: RowSlot) -> CompiledRequest | RequestError:
+    if slot.compiled is None:
+        slot.compiled = engine.compile(slot.request)
+    return slot.compiled
+
+
 def _score_alone(engine, slot: RowSlot) -> None:
     try:
-        output = engine.score_batch([slot.request])
+        output = engine.score_batch([_compiled(engine, slot)])
     except Exception as error:  # noqa: BLE001 - one row's failure is that row's error
         slot.error = RowError(line=slot.line, custom_id=slot.custom_id, message=f"engine error: {error}")
         return

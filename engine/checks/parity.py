@@ -1,6 +1,6 @@
 """`spinf-jobs parity`: the engine against an independent transformers reference.
 
-    cases (contents x queries) --Engine.score_batch--> engine numbers
+    cases (contents x queries) --Engine.score_requests--> engine numbers
     cases --transformers, one whole sequence per (content, query, option)--> reference numbers
     compare every logprob, p, floor_p and residual; last line: max_abs_logprob_diff=<x> items=<n>
 
@@ -153,7 +153,7 @@ def run_parity(
         engine.leak_sibling_for_negative_control()
     reference = Reference(engine.checkpoint_path)
     requests = load_cases(reference.has_chat_template, num_contents)
-    output = engine.score_batch(requests)
+    output = engine.score_requests(requests)
     rows = []
     for request, response in zip(requests, output.results, strict=True):
         if not isinstance(response, ScoringResponse):
