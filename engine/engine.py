@@ -32,7 +32,6 @@ import orjson
 import torch
 
 from contract.protocol import ScoringRequest, ScoringResponse
-from contract.templates import parse_template
 from engine.extraction.decoder import BeamDecoder
 from engine.extraction.decoding import Extraction, SlotJob
 from engine.extraction.slots import SlotVocab
@@ -215,7 +214,7 @@ class Engine:
         request = compiled[job.request_index].request
         query = request.scoring.queries[job.query_index]
         prefix = self.renderer.render_prefix(request.messages, query.answer_in, is_floor=True)
-        [ids] = self.tokenize.continuations(prefix, [parse_template(query.template).fill(job.values)])
+        [ids] = self.tokenize.continuations(prefix, [query.parsed_template.fill(job.values)])
         return ids
 
     @property

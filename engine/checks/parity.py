@@ -20,7 +20,7 @@ import orjson
 import torch
 
 from contract.protocol import Query, ScoringRequest, ScoringResponse
-from contract.templates import expand_grid, parse_template
+from contract.templates import expand_grid
 
 CASES_PATH = Path(__file__).resolve().parents[2] / "fixtures" / "parity" / "cases.json"
 TOLERANCE = 1e-3
@@ -103,7 +103,7 @@ def load_cases(has_chat_template: bool, num_contents: int | None = None) -> list
 def reference_scores(reference: Reference, request: ScoringRequest, query: Query) -> list[ReferenceScores]:
     messages = [m.model_dump() for m in request.messages]
     floor_messages = [{**m, "content": ""} if m["role"] == "user" else m for m in messages]
-    parsed = parse_template(query.template)
+    parsed = query.parsed_template
     scores = []
     for values in expand_grid(tuple(query.values), query.values):
         filled = parsed.fill(values)

@@ -25,7 +25,7 @@ import orjson
 import torch
 
 from contract.protocol import ScoringRequest, ScoringResponse
-from contract.templates import expand_grid, parse_template
+from contract.templates import expand_grid
 from engine.checks.parity import Reference
 from engine.extraction.decoder import BeamDecoder, DecodeState, answers, start_state
 from engine.extraction.slots import SlotVocab, merge_key, slot_spec
@@ -62,7 +62,7 @@ class ReferenceDecoder:
         messages = [m.model_dump() for m in request.messages]
         out = []
         for query in request.scoring.queries:
-            parsed = parse_template(query.template)
+            parsed = query.parsed_template
             for values in expand_grid(tuple(query.values), query.values):
                 prompt = self.reference.render(messages, query.answer_in) + parsed.fill(values)
                 out.append(SlotQuestion(self.reference.encode(prompt), start_state(slot_spec(query))))

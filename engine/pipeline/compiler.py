@@ -18,7 +18,7 @@ token: the read keeps its K/V and its next-token distribution, and decoding star
 from __future__ import annotations
 
 from contract.protocol import Query, ScoringRequest
-from contract.templates import OPTION_SLOT, expand_grid, parse_template
+from contract.templates import OPTION_SLOT, expand_grid
 from engine.extraction.slots import SlotSpec, slot_spec
 from engine.pipeline.prompts import PromptError, PromptRenderer
 from engine.pipeline.stages import Branch, CompiledRequest, FloorKey
@@ -101,7 +101,7 @@ def slot_branch(
 
 
 def _combinations(query: Query):
-    parsed = parse_template(query.template)
+    parsed = query.parsed_template
     # the grid follows the order of `values` in the request (last name varies fastest)
     for index, values in enumerate(expand_grid(tuple(query.values), query.values)):
         yield index, values, parsed.fill(values)
