@@ -221,6 +221,13 @@ def _check(item: Imported, internal_tops: set[str]) -> str | None:
     return None
 
 
+def _plant(root: Path, files: dict[str, str]) -> None:
+    """Write a throwaway tree of modules (path -> source) under `root`."""
+    for name, source in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(source)
+
+
 def test_every_import_follows_the_layer_table():
     found = violations(REPO)
     assert not found, "imports against docs/ARCHITECTURE.md's layer table:\n" + "\n".join(found)
@@ -229,7 +236,7 @@ def test_every_import_follows_the_layer_table():
 def test_a_planted_bad_import_is_caught(tmp_path):
     """The check above can fail: a contract module importing torch, an API module importing the
     engine (also through import_module) and the engine importing the job store are all named."""
-    for name, source in {
+    _plant(tmp_path, {
         "contract/__init__.py": "",
         "contract/planted.py": "import torch\n",
         "api/__init__.py": "",
@@ -239,9 +246,7 @@ def test_a_planted_bad_import_is_caught(tmp_path):
         "engine/fine.py": "import torch\nfrom contract import protocol\nfrom . import planted\n",
         "prompt_packs/__init__.py": "",
         "prompt_packs/plot.py": "import matplotlib\n",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(source)
+    })
     found = violations(tmp_path)
     assert len(found) == 4, found
     assert any("contract/planted.py:1" in line and "'torch'" in line for line in found)
@@ -262,7 +267,7 @@ def test_a_planted_import_circle_is_caught(tmp_path):
     """The check above can fail: a circle closed by an import inside a function, and one of
     three modules through a relative import and import_module, are both named; imports under
     TYPE_CHECKING, a package's own `__init__` and a chain without a way back are not circles."""
-    for name, source in {
+    _plant(tmp_path, {
         "engine/__init__.py": "from engine.one import run\n",
         "engine/one.py": "from engine import two\n\ndef run():\n    return two\n",
         "engine/two.py": "def later():\n    from engine.one import run\n    return run\n",
@@ -272,9 +277,7 @@ def test_a_planted_import_circle_is_caught(tmp_path):
         "engine/pipeline/c.py": "import importlib\n\nimportlib.import_module('engine.pipeline.a')\n",
         "engine/typed.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from engine.typer import T\n",
         "engine/typer.py": "from engine import typed\nfrom engine.pipeline import a\n",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(source)
+    })
     circles = import_circles(import_graph(tmp_path))
     assert circles == [["engine.one", "engine.two"], ["engine.pipeline.a", "engine.pipeline.b", "engine.pipeline.c"]]
 
