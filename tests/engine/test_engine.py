@@ -3,8 +3,8 @@
 import pytest
 
 from contract.protocol import ScoringRequest
-from engine.checks.parity import load_cases, run_parity, summarize
 from engine import RequestError
+from engine.checks.parity import load_cases, run_parity, summarize
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
 

@@ -5,6 +5,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from contract.protocol import ScoringRequest
+from engine import RequestError
 from engine.checks.parity import Reference
 from engine.checks.parity_slots import (
     ReferenceDecoder,
@@ -14,7 +15,6 @@ from engine.checks.parity_slots import (
     reference_questions,
     summarize_slots,
 )
-from engine import RequestError
 from engine.extraction.decoder import BeamDecoder
 
 MAX_TOKENS = 3  # short answers keep the whole-sequence reference quick
