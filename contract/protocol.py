@@ -1,6 +1,7 @@
 """The scoring contract: request and response models (pydantic, no torch).
 
     ScoringRequest --(engine: compile, pack, run, score)--> ScoringResponse
+    Query.template --validation: parse_template, once--> Query.parsed_template (what the engine fills)
 
 One request is one content (its `messages`) and the questions asked about it: option
 queries (`{?}`, scored over the caller's options) and extraction slots (`{*}` `{n}` `{$}`,
@@ -12,12 +13,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from contract.templates import (
     EXTRACTION_SLOTS,
     OPTION_SLOT,
     TEXT_SLOT,
+    ParsedTemplate,
     TemplateError,
     parse_template,
 )
@@ -66,10 +75,16 @@ class Query(_Strict):
     # contextual_p (p divided by floor_p, renormalised) to every answer; "batch" adds batch_p
     # (p divided by the job's mean p) once every row of the job is scored
     calibrate: Literal["contextual", "batch"] | None = None
+    _parsed: ParsedTemplate = PrivateAttr()  # set by the validator (a frozen model: never stale)
+
+    @property
+    def parsed_template(self) -> ParsedTemplate:
+        """`template` parsed, once, when the query was validated."""
+        return self._parsed
 
     @property
     def slot(self) -> str:
-        return parse_template(self.template).slot
+        return self._parsed.slot
 
     @property
     def num_max_tokens(self) -> int:
@@ -83,6 +98,7 @@ class Query(_Strict):
             parsed = parse_template(self.template)
         except TemplateError as error:
             raise ValueError(f"template: {error}") from None
+        self._parsed = parsed
         if parsed.slot in EXTRACTION_SLOTS:
             _check_slot(self, parsed.slot, parsed.tail)
         if self.calibrate is not None and parsed.slot != OPTION_SLOT:

@@ -205,7 +205,7 @@ def _score_into(engine, pack: Pack, rows: list[dict], batch_size: int, scores_pa
     started = time.time()
     for start in range(0, len(rows), batch_size):
         batch_started = time.time()
-        output = engine.score_batch(requests[start : start + batch_size])
+        output = engine.score_requests(requests[start : start + batch_size])
         lines = []
         num_content_tokens = 0
         for row, response in zip(rows[start : start + batch_size], output.results, strict=True):

@@ -64,7 +64,7 @@ def _score(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from contract.protocol import ScoringRequest
-    from engine.engine import RequestError
+    from engine import RequestError
     from workers.engines import engine_for
 
     raw = sys.stdin.buffer.read() if args.request == "-" else Path(args.request).read_bytes()
@@ -75,7 +75,7 @@ def _score(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from_args(args)
     engine = engine_for(request.model or settings.default_model, settings)
-    [result] = engine.score_batch([request.model_copy(update={"model": engine.model_name})]).results
+    [result] = engine.score_requests([request.model_copy(update={"model": engine.model_name})]).results
     if isinstance(result, RequestError):
         print(f"invalid request: {result.field}: {result.message}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The worker's next batch, gathered a step at a time: the jobs it holds, their tokens, full or not.
 
-    LookAhead.step(): count one row of a held job (its tokenization and tree, kept for scoring)
+    LookAhead.step(): compile one row of a held job (its tokenization and tree, kept for scoring)
                       | take and hold one more job of its model (Redis; S3 for a chunk stored there)
       -> held [HeldJob] (the first fixes `model`), num_tokens, is_full (num_tokens >= the
          model's max_num_batched_tokens), is_drained (its queues were empty), is_closed
@@ -14,17 +14,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
 
-from jobstore.chunks import ChunkWork, RowSlot
+from jobstore.chunks import ChunkWork
 
-if TYPE_CHECKING:  # the worker's engines are loaded by its command, not imported here
-    from engine.engine import Engine
+from engine import RequestError
+
+if TYPE_CHECKING:
+    from engine import CompiledRequest, Engine
 
 
 @dataclass(slots=True)
@@ -38,6 +40,9 @@ class HeldJob:
     work: ChunkWork | None = None  # None for plan steps and chunks that failed to load
     load_error: Exception | None = None  # why the chunk did not load; its job fails with it
     num_tokens: int = 0  # of its rows counted so far
+    # row i of `work.rows` as Engine.compile made it when counted (None: not counted yet); the
+    # engine's types stay here, in the worker: the job store's rows know no engine
+    compiled: list[CompiledRequest | RequestError | None] = field(default_factory=list)
 
 
 TakeJob = Callable[[str | None], HeldJob | None]
@@ -57,7 +62,7 @@ class LookAhead:
         self.is_closed = False  # no more steps (a step raised, or the worker is stopping)
         self._engines = engines
         self._take = take
-        self._uncounted: deque[tuple[HeldJob, RowSlot]] = deque()
+        self._uncounted: deque[tuple[HeldJob, int]] = deque()  # (job, index of one of its rows)
 
     @property
     def is_full(self) -> bool:
@@ -91,8 +96,9 @@ class LookAhead:
         if self.model is None:
             self.model = item.model
         self.held.append(item)
-        rows = item.work.rows if item.work is not None else ()
-        self._uncounted.extend((item, slot) for slot in rows if slot.request is not None)
+        rows = item.work.rows if item.work is not None else []
+        item.compiled = [None] * len(rows)
+        self._uncounted.extend((item, index) for index, slot in enumerate(rows) if slot.request is not None)
 
     def count_rows(self) -> None:
         """Count every row still uncounted (jobs added after the batch was full)."""
@@ -103,14 +109,18 @@ class LookAhead:
         self.is_closed = True
 
     def _count_next(self) -> None:
-        item, slot = self._uncounted.popleft()
-        num_tokens = _count(self._engines[self.model], slot.request)
+        item, index = self._uncounted.popleft()
+        item.compiled[index] = _compile(self._engines[self.model], item.work.rows[index].request)
+        num_tokens = 0 if item.compiled[index] is None or isinstance(item.compiled[index], RequestError) \
+            else item.compiled[index].num_tokens
         item.num_tokens += num_tokens
         self.num_tokens += num_tokens
 
 
-def _count(engine, request) -> int:
+def _compile(engine, request) -> CompiledRequest | RequestError | None:
+    """The row compiled (Engine.compile: its tokens and tree); None when compiling raised, so
+    score_rows compiles it again and reports that row's error."""
     try:
-        return engine.count_tokens(request)
-    except Exception:  # noqa: BLE001 - score_batch reports the row's error
-        return 0
+        return engine.compile(request)
+    except Exception:  # noqa: BLE001 - score_rows reports the row's error
+        return None

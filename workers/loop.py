@@ -6,7 +6,7 @@
     settle it (jobstore.lifecycle) and end it in RQ as RQ's perform_job does
 
 While a batch's passes are on the GPU, the waits between them step a new LookAhead (hold and
-load a job, or count one row: its tokenization and tree), never blocking; the next step
+load a job, or compile one row: its tokenization and tree), never blocking; the next step
 scores what it holds, after finishing it. On CPU nothing waits, and the next batch is
 gathered after this one, as without the look-ahead.
 
@@ -273,9 +273,11 @@ class GreedyWorker(SimpleWorker):
 
     def _run(self, model: str, held: list[HeldJob]) -> None:
         chunks = [h for h in held if h.work is not None]
-        rows = [slot for h in chunks if not h.work.is_cancelled for slot in h.work.rows]
-        RowProgress(self.connection, [h.work for h in chunks if not h.work.is_cancelled])
-        tasks.score_rows(self.engines[model], rows, self._look_ahead())
+        scored = [h for h in chunks if not h.work.is_cancelled]
+        rows = [slot for h in scored for slot in h.work.rows]
+        compiled = [c for h in scored for c in (h.compiled or [None] * len(h.work.rows))]
+        RowProgress(self.connection, [h.work for h in scored])
+        tasks.score_rows(self.engines[model], rows, compiled, self._look_ahead())
         self._record_stats(model, rows, sum(h.num_tokens for h in chunks))
         for item in held:
             self._perform(item)

@@ -1,6 +1,7 @@
 """Where a job's rows meet the engine, and the RQ entry points a plain `rq worker` can run.
 
-    ChunkWork (jobstore.lifecycle.load_chunk) --score_rows (one engine.score_batch for the batch)-->
+    ChunkWork (jobstore.lifecycle.load_chunk) --Engine.compile per row (the worker's look-ahead,
+      else in score_rows)--> --score_rows (one engine.score_batch for the batch)-->
       RowSlot.response | RowSlot.error --> jobstore.lifecycle.settle_chunk
     run_chunk(payload): load_chunk -> score_rows -> settle_chunk, one chunk on this process's engine
     run_plan(payload):  jobstore.lifecycle.plan_dataset
@@ -13,6 +14,8 @@ costs only the rows that raise. `run_chunk` and `run_plan` are what the RQ jobs 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 
 from contract.payloads import ChunkPayload, PlanPayload, RowError
 from contract.protocol import ScoringResponse
@@ -20,30 +23,42 @@ from jobstore import lifecycle
 from jobstore.chunks import RowSlot
 from workers.job_calibration import calibrate_finished_job
 
+if TYPE_CHECKING:  # types only: the worker's command loads the engine
+    from engine import CompiledRequest, RequestError
 
-def score_rows(engine, rows: list[RowSlot], while_waiting=None) -> None:
+
+def score_rows(
+    engine,
+    rows: list[RowSlot],
+    compiled: list[CompiledRequest | RequestError | None] | None = None,
+    while_waiting=None,
+) -> None:
     """Score every row that has a request, in one `score_batch` call when nothing raises.
-    `while_waiting`: host work for the GPU waits of that call (Engine.score_batch)."""
-    todo = [slot for slot in rows if slot.request is not None]
+    `compiled[i]`: row i as the worker's look-ahead compiled it (None, or no list: compiled
+    here). `while_waiting`: host work for the GPU waits of that call (Engine.score_batch)."""
+    given = compiled if compiled is not None else [None] * len(rows)
+    todo = [(slot, done) for slot, done in zip(rows, given, strict=True) if slot.request is not None]
     if not todo:
         return
+
     def on_result(index: int) -> None:
-        if todo[index].on_scored is not None:
-            todo[index].on_scored()
+        if todo[index][0].on_scored is not None:
+            todo[index][0].on_scored()
 
     try:
-        output = engine.score_batch([slot.request for slot in todo], while_waiting, on_result)
+        ready = [done if done is not None else engine.compile(slot.request) for slot, done in todo]
+        output = engine.score_batch(ready, while_waiting, on_result)
     except Exception:  # noqa: BLE001 - isolate the row that raises, keep the others
-        for slot in todo:
-            _score_alone(engine, slot)
+        for slot, done in todo:
+            _score_alone(engine, slot, done)
         return
-    for slot, result, pass_ids in zip(todo, output.results, output.pass_ids, strict=True):
+    for (slot, _), result, pass_ids in zip(todo, output.results, output.pass_ids, strict=True):
         _fill(slot, result, pass_ids)
 
 
-def _score_alone(engine, slot: RowSlot) -> None:
+def _score_alone(engine, slot: RowSlot, compiled: CompiledRequest | RequestError | None) -> None:
     try:
-        output = engine.score_batch([slot.request])
+        output = engine.score_batch([compiled if compiled is not None else engine.compile(slot.request)])
     except Exception as error:  # noqa: BLE001 - one row's failure is that row's error
         slot.error = RowError(line=slot.line, custom_id=slot.custom_id, message=f"engine error: {error}")
         return

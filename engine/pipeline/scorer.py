@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from contract.probability import normalise, residual  # noqa: F401 (the scorer's API)
-from engine.pipeline.packer import PackedTree
+from engine.pipeline.stages import PackedTree
 
 
 def option_logprobs(tree: PackedTree, target_logprobs: torch.Tensor) -> list[list[float]]:

@@ -42,7 +42,7 @@ def test_one_pass_packs_several_queued_jobs(make_settings, service_engine):
     shared = set.intersection(*passes)
     assert len(shared) >= 1, passes  # >= 2 jobs (here 3) were served by one forward pass
     # and packing did not change a score: each row equals the row scored alone
-    alone = service_engine.score_batch([ScoringRequest(messages=[{"role": "user", "content": texts(2, "b")[1]["text"]}],
+    alone = service_engine.score_requests([ScoringRequest(messages=[{"role": "user", "content": texts(2, "b")[1]["text"]}],
                                                        scoring=SPEC)]).results[0]
     packed = _rows(r, job_ids[1])[1]["response"]
     assert packed["results"] == alone.model_dump(mode="json", exclude_none=True)["results"]
@@ -52,7 +52,7 @@ def test_one_pass_packs_several_queued_jobs(make_settings, service_engine):
 
 def test_sync_queue_is_drained_first_and_budget_bounds_a_step(make_settings, service_engine, service_engine_factory):
     row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "sync")[0]["text"]}], scoring=SPEC)
-    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a pass: one job per step
+    engine = service_engine_factory(service_engine.compile(row).num_tokens)  # one row fills a pass: one job per step
     settings = make_settings(chunk_num_rows=1)
     r = redis.Redis.from_url(settings.redis_url)
     batch_job = _submit(r, settings, engine.model_name, 2, "batch")
@@ -137,7 +137,7 @@ def _one_row_per_step(make_settings, service_engine, service_engine_factory, pas
     """An engine whose budget one row fills, `num_jobs` one-row jobs queued, a worker whose
     passes read as in flight (so it gathers ahead): (engine, redis, job ids, worker)."""
     row = ScoringRequest(messages=[{"role": "user", "content": texts(1, prefix)[0]["text"]}], scoring=SPEC)
-    engine = service_engine_factory(service_engine.count_tokens(row))
+    engine = service_engine_factory(service_engine.compile(row).num_tokens)
     settings = make_settings(chunk_num_rows=1)
     r = redis.Redis.from_url(settings.redis_url)
     job_ids = [_submit(r, settings, engine.model_name, 1, f"{prefix}{i}-") for i in range(num_jobs)]
@@ -163,7 +163,7 @@ def test_the_next_batch_is_gathered_during_the_passes(make_settings, service_eng
     drain_until_settled(worker, job_ids)
     for index, job_id in enumerate(job_ids):
         [result] = _rows(r, job_id)
-        alone = engine.score_batch([ScoringRequest(messages=[{"role": "user", "content": texts(1, f"n{index}-")[0]["text"]}],
+        alone = engine.score_requests([ScoringRequest(messages=[{"role": "user", "content": texts(1, f"n{index}-")[0]["text"]}],
                                                    scoring=SPEC)]).results[0]
         assert result["response"]["results"] == alone.model_dump(mode="json", exclude_none=True)["results"]
 
