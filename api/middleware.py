@@ -1,8 +1,9 @@
 """Admission control before any body is read: 413 for large bodies, 429 past `max_queue`.
 
-    POST /v1/score | /v1/chat/completions | /v1/jobs
+    POST /v1/score | /v1/chat/completions | /v1/jobs | /v1/batches
       Content-Length > max_body_bytes                -> 413 (a body streamed without a length
-                                                        is counted and cut at the limit)
+                                                        is counted and cut at the limit;
+                                                        POST /v1/files: max_file_bytes)
       queued rows (Redis gauge) >= max_queue          -> 429 + Retry-After
     every request: latency observed into the app's Prometheus histogram
 """
@@ -17,7 +18,9 @@ from starlette.exceptions import HTTPException
 from api.errors import error_body
 from contract import queues
 
-ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/jobs")
+ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/jobs", "/v1/batches")
+UPLOAD_PATH = "/v1/files"  # bodies up to max_file_bytes (plus the multipart framing), not max_body_bytes
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 
 class AdmissionMiddleware:
@@ -44,7 +47,7 @@ class AdmissionMiddleware:
             if refusal is not None:
                 await _send_json(send_status, *refusal)
             else:
-                await self.app(scope, self._limited(receive), send_status)
+                await self.app(scope, self._limited(scope, receive), send_status)
         finally:
             route = scope.get("route")
             label = getattr(route, "path", "unmatched")
@@ -52,8 +55,9 @@ class AdmissionMiddleware:
 
     async def _refusal(self, scope) -> tuple | None:
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
-            return 413, f"the body is {int(length)} bytes; the limit is {self.settings.max_body_bytes}", {}
+        limit = self._body_limit(scope)
+        if length is not None and length.isdigit() and int(length) > limit:
+            return 413, f"the body is {int(length)} bytes; the limit is {limit}", {}
         if scope["path"] in ADMITTED_PATHS:
             num_queued = int(await self.aredis.get(queues.QUEUED_ROWS_KEY) or 0)
             if num_queued >= self.settings.max_queue:
@@ -61,15 +65,21 @@ class AdmissionMiddleware:
                 return 429, message, {"retry-after": str(self.settings.retry_after_s)}
         return None
 
-    def _limited(self, receive):
-        remaining = {"bytes": self.settings.max_body_bytes}
+    def _body_limit(self, scope) -> int:
+        if scope["path"] == UPLOAD_PATH:
+            return self.settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES
+        return self.settings.max_body_bytes
+
+    def _limited(self, scope, receive):
+        limit = self._body_limit(scope)
+        remaining = {"bytes": limit}
 
         async def receive_limited():
             message = await receive()
             if message["type"] == "http.request":
                 remaining["bytes"] -= len(message.get("body", b""))
                 if remaining["bytes"] < 0:
-                    raise HTTPException(413, f"the body is larger than {self.settings.max_body_bytes} bytes")
+                    raise HTTPException(413, f"the body is larger than {limit} bytes")
             return message
 
         return receive_limited

@@ -19,7 +19,7 @@ from contract.payloads import JobCreate, JobItem
 from contract.protocol import ScoringRequest
 from contract.settings import ApiKey
 from jobstore import records
-from jobstore.submit import submit_inline
+from jobstore.lifecycle import submit_inline
 from prompt_packs.registry import PackRegistry, UnknownPackError
 
 

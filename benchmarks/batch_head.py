@@ -2,15 +2,16 @@
 
     python3 benchmarks/batch_head.py [--family gemma3_text] [--workload news] [--repeats 7] [--tag T]
       a tiny random checkpoint of `family` (engine/testing/tiny.py, the family's real tokenizer), so the
-      engine's own code runs; its floor cache warmed by one batch; requests compiled once (the
-      timed part starts from tokenized requests, as throughput.py's does). Then per mode,
-      `repeats` times, what Engine.score_batch does on the host on CUDA, pass by pass:
-      the ResponseBuilder (floor-cache lookups), packing each pass (trees, batch tensors; the
+      engine's own code runs; its floor cache warmed by one batch; requests compiled once
+      (Engine.compile: tokens and trees; the timed part starts from compiled requests, as a
+      worker's batch and throughput.py's do). Then per mode, `repeats` times, what
+      Engine.score_batch does on the host on CUDA, pass by pass: the ResponseBuilder
+      (floor-cache lookups), packing each pass (floor trees, splits, batch tensors; the
       first pass capped at engine.engine.FIRST_PASS_TOKENS) and its block masks
       (engine/attention_cuda.build_tree_block_masks, both windows' BlockMasks):
         subtree   as shipped on CUDA: no dense [n, n] masks, block masks from the subtree ends
         bits      dense tree masks, packed to one bit per (row, column) (the CUDA path before f402a36)
-      --> benchmarks/results/<date>-batch-head-<family>-<workload>[-T].{json,md}: per mode the
+      --> benchmarks/results/batch-head-<family>-<workload>[-T].{json,md}: per mode the
           median head (everything before the first pass is launched: builder + first packing)
           and, per pass, packing and mask milliseconds
 
@@ -41,7 +42,6 @@ from contract.protocol import ScoringRequest  # noqa: E402
 from engine.engine import FIRST_PASS_TOKENS, Engine  # noqa: E402
 from engine.layers.attention_cuda import build_tree_block_masks  # noqa: E402
 from engine.pipeline.packer import pack_trees  # noqa: E402
-from engine.pipeline.responses import ResponseBuilder  # noqa: E402
 from engine.testing.tiny import TINY_SLIDING_WINDOW, tiny_cpu_engine  # noqa: E402
 
 HAS_SUBTREES = "use_subtrees" in inspect.signature(build_tree_block_masks).parameters
@@ -53,7 +53,7 @@ def one_batch(engine: Engine, compiled: list, dense_masks: bool) -> list[dict]:
     masking = {"use_subtrees": not dense_masks} if HAS_SUBTREES else {}
     passes = []
     start = time.perf_counter()
-    builder = ResponseBuilder(engine, compiled)
+    builder = engine._response_builder(compiled)
     batches = pack_trees(engine._trees(compiled, builder), engine.config.max_num_batched_tokens, engine.mask_fn,
                          first_max_num_tokens=FIRST_PASS_TOKENS, **packing)
     for batch in batches:
@@ -80,8 +80,8 @@ def main() -> None:
     args = parser.parse_args()
     engine = tiny_cpu_engine(args.family)
     requests = [ScoringRequest.model_validate(r) for r in load_workload(args.workload).requests(engine.model_name)]
-    engine.score_batch(requests)  # warms the floor cache, as a running worker's is
-    compiled = [engine._compile(r) for r in requests]
+    engine.score_requests(requests)  # warms the floor cache, as a running worker's is
+    compiled = [engine.compile(r) for r in requests]
     modes = {"subtree": False, "bits": True} if HAS_SUBTREES else {"bits": True}
     result = {"commit": git_commit(), "date": datetime.date.today().isoformat(), "family": args.family,
               "workload": args.workload, "repeats": args.repeats, "first_pass_tokens": FIRST_PASS_TOKENS,
@@ -93,8 +93,7 @@ def main() -> None:
                                  "total_pack_ms": sum(p["pack_ms"] for p in passes),
                                  "total_masks_ms": sum(p["masks_ms"] for p in passes)}
         print(name, result["modes"][name], flush=True)
-    stem = f"{result['date']}-batch-head-{args.family}-{args.workload}" + (f"-{args.tag}" if args.tag else "")
-    write_pair(stem, result, markdown(result, " ".join(sys.argv[1:])))
+    write_pair(result, markdown(result, " ".join(sys.argv[1:])), "batch-head", args.family, args.workload, args.tag)
 
 
 def markdown(result: dict, argv: str) -> str:

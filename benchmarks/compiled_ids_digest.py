@@ -3,7 +3,7 @@
     python3 benchmarks/compiled_ids_digest.py [--models gemma-3-12b,qwen3-8b] [--workloads news,moderation]
       per (model's real tokenizer, workload): compile_request on every request (as the engine
       does: chat template, answer_in, Tokenize.continuations), then sha256 over every branch's
-      option ids --> benchmarks/results/<date>-compiled-ids-<commit>.{json,md}
+      option ids --> benchmarks/results/compiled-ids.{json,md} (the commit inside)
 
 Run at two commits: equal digests mean a change to tokenization or compilation left every pass
 the GPU benchmarks run unchanged (the same tokens in, so their measurements carry over).
@@ -57,7 +57,7 @@ def main() -> None:
     lines += [f"| {r['model']} | {r['workload']} | {r['num_requests']} | {r['num_sequences']} | `{r['sha256'][:16]}` |"
               for r in rows]
     print("\n".join(lines))
-    write_pair(f"{result['date']}-compiled-ids-{commit[:7]}", result, "\n".join(lines) + "\n")
+    write_pair(result, "\n".join(lines) + "\n", "compiled-ids")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,10 @@
       1. a tiny random checkpoint of --family (engine/testing/tiny.py, real tokenizer), CPU, fp32
       2. the first --texts news texts, each also asking the first --slots slot queries
          (fixtures/benchmarks/news-slots.json)
-      3. min of --repeats `score_batch` runs with and without the slots (after a warm-up), and
+      3. min of --repeats `score_requests` runs with and without the slots (after a warm-up), and
          in one more run: decoding passes, rows, SDPA calls while `ModelRunner.decode` runs,
          the calls one SDPA per slot per layer would make, and the time in `decode_attention`
-
-The numbers docs/extraction.md quotes for "before" come from running this same file at the
-commit before the batched decode attention (it only uses APIs both have).
+      --> benchmarks/results/decode-calls-<family>-news.json (the commit inside)
 """
 
 from __future__ import annotations
@@ -23,7 +21,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from result_files import new_result, write_json  # noqa: E402
 
 from benchmarks.slot_workload import load_slot_queries, with_slots  # noqa: E402
 from benchmarks.workloads import load_workload  # noqa: E402
@@ -73,7 +74,7 @@ def count_decoding(engine: Engine, requests: list[ScoringRequest]) -> dict:
     F.scaled_dot_product_attention, engine.runner.decode, decode_module.decode_attention = (
         counted_sdpa, counted_decode, timed_attention)
     try:
-        engine.score_batch(requests)
+        engine.score_requests(requests)
     finally:
         F.scaled_dot_product_attention, engine.runner.decode, decode_module.decode_attention = sdpa, decode, attention
     return counts
@@ -90,12 +91,14 @@ def main() -> None:
     plain = load_workload("news").requests(engine.model_name, args.texts)
     without = [ScoringRequest.model_validate(r) for r in plain]
     with_ = [ScoringRequest.model_validate(r) for r in with_slots(plain, load_slot_queries("news", args.slots))]
-    engine.score_batch(with_)  # warm-up: the slot vocabulary, the floor cache
-    seconds = {"without_slots_s": best_of(lambda: engine.score_batch(without), args.repeats),
-               "with_slots_s": best_of(lambda: engine.score_batch(with_), args.repeats)}
+    engine.score_requests(with_)  # warm-up: the slot vocabulary, the floor cache
+    seconds = {"without_slots_s": best_of(lambda: engine.score_requests(without), args.repeats),
+               "with_slots_s": best_of(lambda: engine.score_requests(with_), args.repeats)}
     seconds["extra_for_slots_s"] = seconds["with_slots_s"] - seconds["without_slots_s"]
-    result = {"family": args.family, "texts": args.texts, "slots": args.slots, "threads": torch.get_num_threads(),
-              **seconds, **count_decoding(engine, with_)}
+    result = new_result(command="python3 benchmarks/decode_calls.py " + " ".join(sys.argv[1:]), family=args.family,
+                        texts=args.texts, slots=args.slots, threads=torch.get_num_threads(),
+                        **seconds, **count_decoding(engine, with_))
+    write_json(result, "decode-calls", args.family, "news")
     print(json.dumps(result, indent=1))
 
 

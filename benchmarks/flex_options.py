@@ -1,6 +1,7 @@
 """Flex-attention launch options on the real tree masks of the news workload (GPU).
 
-    python3 benchmarks/flex_options.py [--model gemma-3-12b] [--out results/flex.json]
+    python3 benchmarks/flex_options.py [--model gemma-3-12b] [--variants ...] [--probe-mask-cost]
+      --> benchmarks/results/flex-options-<model>.json (the commit inside)
       1. the news requests, compiled with the model's real tokenizer, packed as the engine packs
          them (budget 16,384) -> the first pass's tree spans -> block masks on the GPU
       2. random q/k/v with the model's heads; per kernel-options variant: time one layer's
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import random_models  # noqa: E402
+from result_files import new_result, write_json  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 from contract.protocol import ScoringRequest  # noqa: E402
@@ -40,8 +41,8 @@ from engine.layers import attention_cuda  # noqa: E402
 from engine.pipeline.compiler import compile_request  # noqa: E402
 from engine.pipeline.packer import pack_trees  # noqa: E402
 from engine.pipeline.prompts import PromptRenderer  # noqa: E402
+from engine.pipeline.stages import TreeOwner  # noqa: E402
 from engine.pipeline.tokenize import Tokenize  # noqa: E402
-from engine.pipeline.tree import build_tree  # noqa: E402
 
 BASE = dict(attention_cuda.KERNEL_OPTIONS)
 VARIANTS = {
@@ -60,8 +61,8 @@ def first_pass_spans(model: str):
     has_template = bool(tokenizer.chat_template)
     renderer, tokenize = PromptRenderer(tokenizer, has_template), Tokenize(tokenizer, not has_template)
     requests = [ScoringRequest.model_validate(r) for r in load_workload("news").requests(None)]
-    trees = [build_tree(compile_request(r, renderer, tokenize).branches) for r in requests]
-    return next(iter(pack_trees(list(enumerate(trees)), 16384))).attention.spans
+    trees = [compile_request(r, renderer, tokenize).tree for r in requests]
+    return next(iter(pack_trees([(TreeOwner(i), tree) for i, tree in enumerate(trees)], 16384))).attention.spans
 
 
 def time_variant(q, k, v, masks, scale, window, options, repeats=20):
@@ -111,7 +112,6 @@ def tile_tflops(counts: dict, heads: int, dim: int, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gemma-3-12b")
-    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of VARIANTS to time")
     parser.add_argument("--probe-mask-cost", action="store_true")
     args = parser.parse_args()
@@ -165,10 +165,9 @@ def main() -> None:
             rows.append({"variant": "build_" + ("subtree" if use_subtrees else "bits") + "_masks",
                          "host_ms": build_ms(spans, use_subtrees, config.get("sliding_window"))})
             print(rows[-1], flush=True)
-    result = {"gpu": torch.cuda.get_device_name(), "model": args.model, "num_tokens": num_tokens,
-              "num_spans": len(spans), "torch": torch.__version__, "rows": rows}
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
+    result = new_result(gpu=torch.cuda.get_device_name(), model=args.model, num_tokens=num_tokens,
+                        num_spans=len(spans), torch=torch.__version__, rows=rows)
+    write_json(result, "flex-options", args.model)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Launch options of the fp8 gated-activation kernel on one pass's MLP shape (GPU).
 
-    python3 benchmarks/gated_act_options.py [--rows 15872] [--intermediate 15360] [--out FILE.json]
+    python3 benchmarks/gated_act_options.py [--rows 15872] [--intermediate 15360]
+      --> benchmarks/results/gated-act-options.json (the commit inside)
       gate_up [rows, 2 x intermediate] bf16 (random) --gated_act_fp8_kernel, per num_warps-->
           e4m3 [rows, intermediate] + scale [rows]; each variant's bits against the shipped launch
       also: gated_act then quantize_rows (the two-kernel path it replaced), and a plain copy of
@@ -13,7 +14,6 @@ may not change a bit; the `bit_identical` column checks that on the GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernel_bench import bench  # noqa: E402
+from result_files import new_result, write_json  # noqa: E402
 
 from engine.kernels import fp8_matmul, gated_act  # noqa: E402
 
@@ -37,7 +38,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=15872)
     parser.add_argument("--intermediate", type=int, default=15360)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     gate_up = torch.randn(args.rows, 2 * args.intermediate, device="cuda", generator=gen).to(torch.bfloat16)
@@ -64,10 +64,9 @@ def main() -> None:
     rows.append({"variant": "copy of gate_up (read + write)", "ms": seconds * 1e3, "gb_per_s": 2 * gate_up.numel() * 2 / seconds / 1e9})
     for row in rows[-2:]:
         print(row, flush=True)
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": args.rows,
-              "intermediate": args.intermediate, "bytes_moved_fused": moved, "variants": rows}
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
+    result = new_result(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=args.rows,
+                        intermediate=args.intermediate, bytes_moved_fused=moved, variants=rows)
+    write_json(result, "gated-act-options")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
-"""Python's garbage collector around Engine.score_batch, three ways side by side (CPU).
+"""Python's garbage collector around Engine.score_requests, three ways side by side (CPU).
 
     python3 benchmarks/gc_pauses.py [--family qwen3] [--workload moderation] [--num-texts 40] [--repeats 5]
       a tiny random checkpoint of `family` (engine/testing/tiny.py, the family's real tokenizer), the
       workload's first N texts with every question; in ONE process, per mode: a warm-up batch,
-      then `repeats` rounds of (score_batch, then serialise every response as a worker does),
+      then `repeats` rounds of (score_requests, then serialise every response as a worker does),
       every collection timed through gc.callbacks (--modes picks them and their order):
         collector        the engine's deferral switched off: collections run inside the batch
-        deferred         Engine.score_batch as shipped (engine.engine.cyclic_gc_deferred)
+        deferred         Engine.score_requests as shipped (engine.engine.cyclic_gc_deferred)
         deferred+frozen  also gc.freeze() after loading, as workers/service.load_engines does
-      --> benchmarks/results/<date>-gc-pauses-<family>-<workload>.{json,md}: per mode the median
+      --> benchmarks/results/gc-pauses-<family>-<workload>.{json,md}: per mode the median
           round, and the collector's seconds inside batches and after them (deferred work lands
           after the batch: the total is the honest figure); and how many unreachable objects
           one batch leaves (the cyclic garbage that deferring holds until the batch ends)
@@ -73,13 +73,13 @@ def run_mode(engine: Engine, requests: list[ScoringRequest], mode: str, repeats:
     if mode == "deferred+frozen":
         gc.freeze()
     try:
-        engine.score_batch(requests)  # warm-up: compiles and caches, as a worker's first batch
+        engine.score_requests(requests)  # warm-up: compiles and caches, as a worker's first batch
         log.records.clear()
         rounds = []
         for _ in range(repeats):
             start = time.perf_counter()
             log.phase = "batch"
-            output = engine.score_batch(requests)
+            output = engine.score_requests(requests)
             log.phase = "after"  # what a worker does next: one JSON document per response
             documents = [response.model_dump_json() for response in output.results]
             log.phase = "idle"
@@ -102,7 +102,7 @@ def markdown(result: dict) -> str:
         f"# Garbage-collector pauses: {result['workload']} x {result['num_texts']} texts on tiny {result['family']} (CPU)",
         "",
         f"commit `{result['commit']}`, {result['date']}, Python {result['python']}, `{result['command']}`.",
-        f"{result['num_questions']} questions per batch; per round (median of {result['repeats']}): score_batch, then every"
+        f"{result['num_questions']} questions per batch; per round (median of {result['repeats']}): score_requests, then every"
         " response serialised to JSON. Collector seconds are per round, inside the batch and after it.",
         f"Unreachable objects a batch leaves (gc.collect() after one): {result['cyclic_garbage_after_a_batch']}.",
         "",
@@ -132,7 +132,7 @@ def main() -> None:
     log = CollectionLog()
     modes = [run_mode(engine, requests, mode, args.repeats, log) for mode in args.modes.split(",")]
     gc.collect()
-    engine.score_batch(requests)
+    engine.score_requests(requests)
     cyclic_garbage = gc.collect()  # unreachable objects a batch left: what deferring can hold back
     commit = git_commit()
     result = {
@@ -142,7 +142,7 @@ def main() -> None:
         "num_questions": sum(len(r.scoring.queries) for r in requests), "modes": modes,
         "cyclic_garbage_after_a_batch": cyclic_garbage,
     }
-    write_pair(f"{result['date']}-gc-pauses-{args.family}-{args.workload}", result, markdown(result))
+    write_pair(result, markdown(result), "gc-pauses", args.family, args.workload)
     print(markdown(result))
 
 

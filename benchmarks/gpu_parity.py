@@ -7,7 +7,8 @@
     branches: must exceed the bounds) and the engine's own one-token leak (reported)
     calibration: the same HF model cast to bf16, against its own fp32 (plain bf16 transformers)
 
-    python3 benchmarks/gpu_parity.py --model gemma-3-12b [--num-layers N] [--layer-std S] --out FILE.json
+    python3 benchmarks/gpu_parity.py --model gemma-3-12b [--num-layers N] [--layer-std S]
+      --> benchmarks/results/parity-<model>.json (the commit inside; one run per (layer std, logit std))
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hf_baselines  # noqa: E402
 import random_models  # noqa: E402
+from result_files import new_result, write_json  # noqa: E402
 from throughput import diff_stats, spinf_logprobs  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
@@ -62,15 +64,15 @@ def parity(
     requests = [ScoringRequest.model_validate(r) for r in workload.requests(engine.model_name, num_texts, num_queries)]
     items = hf_baselines.items_from_engine(engine, requests)
     ref = reference(hf, items)
-    ours = spinf_logprobs(engine.score_batch(requests).results)
+    ours = spinf_logprobs(engine.score_requests(requests).results)
     result = {"model": model, "num_layers": num_layers or hf.config.num_hidden_layers, "layer_std": layer_std, "logit_std": logit_std,
               "spinf_bf16_vs_hf_fp32": diff_stats(ours, ref)}
     engine.mask_fn = sibling_leak_mask
     engine.system_fingerprint += "-sibling-leak"  # new floors too: nothing cached is reused
     engine.floors = type(engine.floors)(16)
-    result["negative_control_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_batch(requests).results), ref)
+    result["negative_control_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_requests(requests).results), ref)
     engine.leak_sibling_for_negative_control()
-    result["one_token_leak_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_batch(requests).results), ref)
+    result["one_token_leak_vs_hf_fp32"] = diff_stats(spinf_logprobs(engine.score_requests(requests).results), ref)
     del engine
     hf.to(torch.bfloat16)
     result["hf_bf16_vs_hf_fp32"] = diff_stats(reference(hf, items), ref)
@@ -88,7 +90,6 @@ def main() -> None:
     parser.add_argument("--logit-std", type=float, nargs="+", default=[4.0])
     parser.add_argument("--num-texts", type=int, default=3)
     parser.add_argument("--num-queries", type=int, default=12)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     results = []
     for std in args.layer_std:
@@ -96,8 +97,7 @@ def main() -> None:
             results.append(parity(args.model, args.num_layers, std, args.num_texts, args.num_queries, logit_std))
         print(json.dumps(results[-1]), flush=True)
         torch.cuda.empty_cache()
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+    write_json(new_result(gpu=torch.cuda.get_device_name(), torch=torch.__version__, runs=results), "parity", args.model)
 
 
 if __name__ == "__main__":

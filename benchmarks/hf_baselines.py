@@ -1,6 +1,6 @@
 """The two transformers baselines, on exactly the items spinf scores.
 
-    engine._compile(request) --items_from_engine--> Item(trunk, questions, option tokens)
+    engine.compile(request) --items_from_engine--> Item(trunk, questions, option tokens)
     hf_naive:  every (content, question) its own sequence, padded batches, logits at the last token
     hf_prefix: the content's KV once, then all its questions in ONE batched forward over the
                shared cache (questions right-padded), logits at each question's last token
@@ -28,7 +28,7 @@ class Item:
 def items_from_engine(engine, requests) -> list[Item]:
     items = []
     for request in requests:
-        compiled = engine._compile(request)
+        compiled = engine.compile(request)
         prompts, options = [], []
         for branch in compiled.branches:
             if any(len(ids) != branch.branch_point + 1 for ids in branch.option_ids):

@@ -1,6 +1,6 @@
 """Matmul ceilings and kernel speeds on the GPU (one process, CUDA events, medians).
 
-    python3 benchmarks/kernel_bench.py [--out FILE.json]
+    python3 benchmarks/kernel_bench.py   --> benchmarks/results/kernels.json (the commit inside)
 
 Measures: cuBLAS bf16 8192^3 (the MFU denominator), torch._scaled_mm fp8 8192^3, our
 batch-invariant bf16 kernels (persistent TMA and pointer) and fp8 kernel on 8192^3 and on
@@ -9,14 +9,15 @@ the Gemma-3-12B / Qwen3-8B projection shapes at 16,384 rows, and the norm kernel
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from result_files import new_result, write_json  # noqa: E402
 
 from engine.kernels import fp8_matmul, matmul  # noqa: E402
 from engine.kernels.rms_norm import rms_norm  # noqa: E402
@@ -121,13 +122,10 @@ def kernel_rows() -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    result = {"gpu": torch.cuda.get_device_name(), "peak_bf16_tflops": peak_tflops("bf16"), "peak_fp8_tflops": peak_tflops("fp8")}
+    result = new_result(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                        peak_bf16_tflops=peak_tflops("bf16"), peak_fp8_tflops=peak_tflops("fp8"))
     result["kernels"] = kernel_rows()
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
+    write_json(result, "kernels")
     print(f"peak bf16 {result['peak_bf16_tflops']:.0f} TFLOP/s, fp8 {result['peak_fp8_tflops']:.0f} TFLOP/s")
     for row in result["kernels"]:
         value = row.get("tflops", row.get("GBps"))

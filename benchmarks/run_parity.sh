@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Real-model parity runs on the CPU (the tiny configs run in CI). Usage:
 #   bash benchmarks/run_parity.sh MODEL [CONTENTS]
-# Writes benchmarks/results/parity/MODEL.txt with the command, commit, machine and result.
+# Writes benchmarks/results/parity-cpu-MODEL.txt (named as benchmarks/result_files.py names
+# results) with the command, commit, machine and result.
 set -uo pipefail
 model=$1; contents=${2:-20}
-out=benchmarks/results/parity/$model.txt
-mkdir -p "$(dirname "$out")"
+out=benchmarks/results/parity-cpu-$model.txt
 cmd="spinf-jobs parity --model $model --contents $contents"
 {
   echo "command: $cmd"

@@ -43,8 +43,8 @@ def measure(engine, hf, contents: list[str], queries: list[dict], timed) -> dict
         for c in contents
     ]
     items = hf_baselines.items_from_engine(engine, requests)
-    engine.score_batch(requests)  # fills the floor cache
-    spinf_s, _, _ = timed(lambda: engine.score_batch(requests), SWEEP_REPEATS)
+    engine.score_requests(requests)  # fills the floor cache
+    spinf_s, _, _ = timed(lambda: engine.score_requests(requests), SWEEP_REPEATS)
     prefix_s, _, _ = timed(lambda: hf_baselines.prefix_pass(hf, items), SWEEP_REPEATS)
     tokens = sum(len(i.trunk) + sum(map(len, i.questions)) for i in items) // len(items)
     return {"spinf_s": spinf_s / len(contents), "hf_prefix_s": prefix_s / len(contents), "tokens": tokens}

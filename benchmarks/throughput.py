@@ -5,13 +5,15 @@
       2. random-weight model (benchmarks/random_models.py), real tokenizer, the workload's requests
       3. per system: warm-up, then >= 5 timed repeats (wall clock around synchronised GPU work), median
       4. checks: spinf alone-vs-packed bit identity, agreement with hf_prefix, fp8 drift vs bf16
-      5. benchmarks/results/<date>-<workload>-<model>.json + .md (and the sweeps if asked)
+      5. benchmarks/results/throughput-<model>-<workload>[-slots][-sweeps][-<tag>].json + .md (the
+         commit inside); with --profile, per-op tables profile-<model>-<workload>[-fp8].txt
 
 MFU = 2 x non-embedding parameters x non-padding tokens processed / seconds / peak (bf16
 peak for bf16 systems, fp8 peak for spinf_fp8); attention FLOPs are not counted for anyone.
 Every system scores the same (content, question, option) items; the baselines get their
-inputs pre-tokenized (their tokenization is not timed), spinf's timing includes its own
-compile, pack and score on the CPU.
+inputs pre-tokenized (their tokenization is not timed), spinf gets its requests compiled
+(Engine.compile: tokens and trees, timed apart as `tokenize_seconds`); its timing includes
+its packing and scoring on the CPU.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import hf_baselines  # noqa: E402
 import random_models  # noqa: E402
 from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
-from result_files import git_commit, write_pair  # noqa: E402
+from result_files import git_commit, result_path, write_pair  # noqa: E402
 from slot_workload import load_slot_queries, slot_token_share, with_slots  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -80,21 +82,13 @@ class TokenCounter:
         engine.runner.launch = counted
 
 
-def precompile(engine) -> dict:
-    """Memoise the engine's compile step (tokenization), so the timed runs start from
-    tokenized requests, as the baselines do; returns where the compile time is recorded."""
-    compiled, spent = {}, {"seconds": 0.0}
-    compile_one = engine._compile
-
-    def memo(request):
-        if id(request) not in compiled:
-            start = time.perf_counter()
-            compiled[id(request)] = compile_one(request)
-            spent["seconds"] += time.perf_counter() - start
-        return compiled[id(request)]
-
-    engine._compile = memo
-    return spent
+def precompile(engine, requests) -> tuple[list, float]:
+    """Every request compiled once (Engine.compile: tokenization and its tree), so the timed
+    runs start from compiled requests, as the baselines start from tokenized ones; and the
+    seconds compiling took (recorded as `tokenize_seconds`)."""
+    start = time.perf_counter()
+    compiled = [engine.compile(request) for request in requests]
+    return compiled, time.perf_counter() - start
 
 
 def spinf_logprobs(responses) -> list[list[float]]:
@@ -102,45 +96,49 @@ def spinf_logprobs(responses) -> list[list[float]]:
     return [[o.logprob for q in r.results for o in q.combinations[0].options] for r in responses]
 
 
-def run_spinf(engine, requests, repeats: int) -> tuple[dict, list]:
+def run_spinf(engine, requests, repeats: int) -> tuple[dict, list, list]:
+    """(stats, responses, the compiled requests the runs scored)."""
     counter = TokenCounter(engine)
-    compile_time = precompile(engine)
-    # Two warm-ups: the first tokenizes (timed apart), compiles kernels and fills the floor cache;
-    # the second compiles for the pass shapes of a warm floor cache. Counted: the timed runs only.
+    compiled, compile_seconds = precompile(engine, requests)
+    # Two warm-ups: the first compiles kernels and fills the floor cache; the second compiles
+    # for the pass shapes of a warm floor cache. Counted: the timed runs only.
     for _ in range(2):
-        engine.score_batch(requests)
+        engine.score_batch(compiled)
     counter.num_tokens = counter.num_passes = 0
     counter.runner_seconds = 0.0
     torch.cuda.reset_peak_memory_stats()
     collections = CollectionLog()  # the collector's seconds over the timed runs, between them too
     collections.phase = "timed"
-    seconds, times, output = timed(lambda: engine.score_batch(requests), repeats, warmup=0)
+    seconds, times, output = timed(lambda: engine.score_batch(compiled), repeats, warmup=0)
     collections.close()
     num_runs = repeats
     stats = {"seconds": seconds, "times": times, "tokens": counter.num_tokens // num_runs,
              "passes": counter.num_passes // num_runs, "runner_seconds": counter.runner_seconds / num_runs,
-             "tokenize_seconds": compile_time["seconds"], "gc_seconds": collections.seconds("timed") / num_runs,
+             "tokenize_seconds": compile_seconds, "gc_seconds": collections.seconds("timed") / num_runs,
              "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30}
     stats["seconds_with_tokenize"] = seconds + stats["tokenize_seconds"]
-    return stats, output.results
+    return stats, output.results, compiled
 
 
-def profile_pass(engine, requests, path: Path) -> str:
-    """Per-op GPU time of one score_batch (torch profiler), as a table."""
+def profile_pass(engine, compiled, result: dict, system: str) -> str:
+    """Per-op GPU time of one score_batch (torch profiler), as a table in profile-<model>-<workload>[-fp8].txt."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        engine.score_batch(requests)
+        engine.score_batch(compiled)
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-    path.write_text(table)
+    head = (f"{system}: one score_batch of {result['workload']} ({result['num_texts']} texts) on random-weight"
+            f" {result['model']}, {result['gpu']}; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
+    variant = "fp8" if system.endswith("fp8") else ""
+    result_path("profile", result["model"], result["workload"], variant, suffix=".txt").write_text(head + table)
     return table
 
 
-def check_invariance(engine, requests, packed_results, indices=(0, 7)) -> bool:
+def check_invariance(engine, compiled, packed_results, indices=(0, 7)) -> bool:
     """Each chosen content alone must give bit-identical responses to the packed run."""
     for index in indices:
-        alone = engine.score_batch([requests[index]]).results[0]
+        alone = engine.score_batch([compiled[index]]).results[0]
         if spinf_logprobs([alone]) != spinf_logprobs([packed_results[index]]):
             return False
         if [o.floor_p for q in alone.results for o in q.combinations[0].options] != [
@@ -184,17 +182,18 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma list of systems to skip")
     parser.add_argument("--commit", default=None, help="commit hash to record (the device copy has no .git)")
     parser.add_argument("--layer-std", type=float, default=0.5, help="random_models.fill_random_weights")
-    parser.add_argument("--tag", default="", help="suffix of the result file name (e.g. sweeps)")
+    parser.add_argument("--tag", default="", help="what else this run varies, ending the file name (e.g. budget8192)")
     parser.add_argument("--slots", type=int, default=0,
                         help="also time spinf_bf16 with the first N extraction slots of fixtures/benchmarks/<workload>-slots.json")
-    parser.add_argument("--profile", type=Path, default=None, help="write a per-op table of one spinf_bf16 run")
+    parser.add_argument("--profile", action="store_true", help="write a per-op table of one run of each spinf system")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     torch.backends.cuda.matmul.allow_tf32 = False
 
     result = {"commit": args.commit or git_commit(), "gpu": torch.cuda.get_device_name(), "model": args.model,
               "workload": args.workload, "date": datetime.date.today().isoformat(), "repeats": args.repeats,
-              "torch": torch.__version__, "budget_tokens": args.budget, "tag": args.tag}
+              "torch": torch.__version__, "budget_tokens": args.budget,
+              "variant": "-".join(filter(None, ["slots" if args.slots else "", "sweeps" if args.sweeps else "", args.tag]))}
     result["peak_tflops"] = {"bf16": peak_tflops("bf16"), "fp8": peak_tflops("fp8")}
     print("peaks", result["peak_tflops"], flush=True)
 
@@ -212,14 +211,14 @@ def main() -> None:
     peaks = result["peak_tflops"]
     systems = result["systems"] = {}
 
-    stats, bf16_results = run_spinf(engine, requests, args.repeats)
+    stats, bf16_results, compiled = run_spinf(engine, requests, args.repeats)
     systems["spinf_bf16"] = system_row(stats, num_questions, params, peaks["bf16"])
-    systems["spinf_bf16"]["batch_invariant"] = check_invariance(engine, requests, bf16_results)
-    systems["spinf_bf16"]["timeline"] = timeline(engine, requests)
+    systems["spinf_bf16"]["batch_invariant"] = check_invariance(engine, compiled, bf16_results)
+    systems["spinf_bf16"]["timeline"] = timeline(engine, compiled)
     print("spinf_bf16", _brief(systems["spinf_bf16"]), "\n  timeline", brief(systems["spinf_bf16"]["timeline"]), flush=True)
     write_result(result, final=False)  # after every system: a run cut short keeps the rows it finished
     if args.profile:
-        print(profile_pass(engine, requests, args.profile), flush=True)
+        print(profile_pass(engine, compiled, result, "spinf_bf16"), flush=True)
     if args.slots:
         systems["spinf_bf16_slots"] = run_slots(engine, workload, args, systems["spinf_bf16"], num_questions, params,
                                                 peaks["bf16"])
@@ -251,14 +250,14 @@ def main() -> None:
     if "spinf_fp8" not in skip:
         fp8_model = quantize_linears_fp8(random_models.engine_model(hf))
         engine8 = random_models.make_engine(fp8_model, tokenizer, args.model, f"random-seed0-{args.model}-fp8", args.budget)
-        stats, fp8_results = run_spinf(engine8, requests, args.repeats)
+        stats, fp8_results, compiled8 = run_spinf(engine8, requests, args.repeats)
         systems["spinf_fp8"] = system_row(stats, num_questions, params, peaks["fp8"],
                                           mfu_vs_bf16_peak=2 * params * stats["tokens"] / stats["seconds"] / (peaks["bf16"] * 1e12))
-        systems["spinf_fp8"]["batch_invariant"] = check_invariance(engine8, requests, fp8_results)
-        systems["spinf_fp8"]["timeline"] = timeline(engine8, requests)
+        systems["spinf_fp8"]["batch_invariant"] = check_invariance(engine8, compiled8, fp8_results)
+        systems["spinf_fp8"]["timeline"] = timeline(engine8, compiled8)
         print("  fp8 timeline", brief(systems["spinf_fp8"]["timeline"]), flush=True)
         if args.profile:
-            print(profile_pass(engine8, requests, args.profile.with_name(args.profile.stem + "-fp8.txt")), flush=True)
+            print(profile_pass(engine8, compiled8, result, "spinf_fp8"), flush=True)
         result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
         print("spinf_fp8", _brief(systems["spinf_fp8"]), result["fp8_vs_bf16_drift"], flush=True)
         del engine8, fp8_model
@@ -278,7 +277,7 @@ def run_slots(engine, workload, args, bf16_row: dict, num_questions: int, params
     plain = workload.requests(engine.model_name, args.num_texts)
     requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, slot_queries)]
     engine.slot_vocab()  # built once per engine, on the first slot: not tokenization time
-    stats, results = run_spinf(engine, requests, args.repeats)
+    stats, results, _ = run_spinf(engine, requests, args.repeats)
     row = system_row(stats, num_questions, params, peak, **slot_token_share(results))
     extra_seconds = stats["seconds"] - bf16_row["seconds"]
     num_slot_answers = len(requests) * len(slot_queries)
@@ -299,8 +298,7 @@ def _brief(row: dict) -> str:
 def write_result(result: dict, final: bool = True) -> None:
     """The JSON + Markdown pair; `complete` is false until every asked-for system has run."""
     result["complete"] = final
-    tag = f"-{result['tag']}" if result.get("tag") else ""
-    write_pair(f"{result['date']}-{result['workload']}-{result['model']}{tag}", result, markdown(result))
+    write_pair(result, markdown(result), "throughput", result["model"], result["workload"], result["variant"])
     if final:
         print(markdown(result))
 

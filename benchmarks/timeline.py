@@ -1,6 +1,6 @@
 """Where one `score_batch` spends its wall clock: CPU head, each pass on the GPU, CPU tail.
 
-    timeline(engine, requests) -> {"wall_s", "passes": [{cpu_launch_s, cpu_launched_s,
+    timeline(engine, compiled) -> {"wall_s", "passes": [{cpu_launch_s, cpu_launched_s,
         gpu_start_s, gpu_end_s, tokens}], "head_s", "tail_s", "gpu_busy_s", "gpu_idle_s"}
 
 Every time is seconds after `score_batch` was called. GPU times come from CUDA events
@@ -17,7 +17,8 @@ import time
 import torch
 
 
-def timeline(engine, requests) -> dict:
+def timeline(engine, compiled) -> dict:
+    """One `engine.score_batch(compiled)` (requests already through Engine.compile), timed."""
     runner = engine.runner
     launch = getattr(runner, "_uncounted_launch", runner.launch)
     marks: list[dict] = []
@@ -39,7 +40,7 @@ def timeline(engine, requests) -> dict:
     try:
         start = time.perf_counter()
         reference.record()
-        engine.score_batch(requests)
+        engine.score_batch(compiled)
         wall = time.perf_counter() - start
         torch.cuda.synchronize()
     finally:

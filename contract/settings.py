@@ -5,6 +5,8 @@
 Shared by the API and the workers (pure python, no torch). Build it with `get_settings()`
 (cached) in processes, or `Settings(...)` directly in tests: nothing is read at import time.
 API keys are stored as SHA-256 hex digests, never in clear; `hash_api_key` makes one.
+The engine knobs here (default_model, device, max_num_batched_tokens, pack_dirs) are also the
+command line's flags (spinf_jobs/setting_flags.py): one name, type, default and meaning each.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # engine/loading/model_registry.py serves it under this name
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 
 
 def hash_api_key(key: str) -> str:
@@ -37,13 +43,18 @@ class Settings(BaseSettings):
     data_dir: Path = Path.home() / ".spinf-jobs"
 
     # models: what the API accepts before any worker registered; workers add what they load
-    default_model: str = "qwen2.5-coder-1.5b-instruct"
+    default_model: str = Field(DEFAULT_MODEL, description="model of requests without `model`")
     models: list[str] = Field(default_factory=list)
+
+    # engines: how a worker (and `spinf-jobs score`, `calibrate`) builds each model's engine
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where engines run: cpu, cuda or auto")
+    max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0, description="tokens per forward pass")
 
     api_keys: list[ApiKey] = Field(default_factory=list)
 
-    # prompt packs: folders loaded on top of the official packs/ (`--packs DIR`, repeatable)
-    packs_dirs: list[Path] = Field(default_factory=list)
+    # prompt packs: the API lists and checks them, the workers' engines apply them
+    pack_dirs: list[Path] = Field(default_factory=list,
+                                  description="a folder of prompt packs loaded on top of the official packs/")
     # decision workloads: name -> fitted temperature (None: known, not fitted); /v1/decide's
     # `workload` names one and gets a `calibrated` block when it has a temperature
     workloads: dict[str, float | None] = Field(default_factory=dict)
@@ -61,6 +72,15 @@ class Settings(BaseSettings):
     sync_result_ttl_s: int = 3600  # retention of /v1/score and chat jobs
     idempotency_ttl_s: int = 24 * 3600
     max_num_retries: int = Field(default=3, ge=0)  # re-queues of a chunk whose worker died or whose run raised
+
+    # files and batches (POST /v1/files, /v1/batches; docs/batches.md): limits and storage
+    max_file_bytes: int = 200 * 1024 * 1024  # an upload larger than this is a 413 (OpenAI's batch file limit)
+    max_batch_lines: int = 50_000  # requests in one batch input file (OpenAI's limit); more is a 422
+    file_redis_max_bytes: int = 8 * 1024 * 1024  # files up to this size live in Redis; larger ones in files_s3
+    files_s3: str | None = None  # "s3://bucket/prefix/" for the larger files; unset: every file lives in Redis
+    file_ttl_s: int = 30 * 24 * 3600  # lifetime of a file without expires_after (OpenAI's for purpose=batch)
+    max_list_limit: int = 100  # the largest `limit` of GET /v1/files, /v1/batches and /v1/jobs
+    step_lease_s: int = 30  # a batch's validation or finalization not heard from for this long is taken over
 
     # workers
     heartbeat_interval_s: float = 5.0  # a held job's heartbeat period

@@ -1,9 +1,15 @@
 """The scoring engine: many requests in, one response each, in as few passes as fit.
 
-    ScoringRequest --compile--> CompiledRequest --build_tree--> TokenTree (+ floor trees)
-        --pack_trees--> PackedBatch --runner.run--> RunnerOutput --scorer--> ScoringResponse
+    ScoringRequest --Engine.compile--> CompiledRequest (its TokenTree, num_tokens) | RequestError
+    [CompiledRequest | RequestError] --Engine.score_batch: split_tree (+ floor trees)
+        --pack_trees--> PackedBatch --runner.run_all--> RunnerOutput --ResponseBuilder-->
+        BatchOutput(results=[ScoringResponse | RequestError])
 
-A request naming prompt packs is expanded before compiling (engine/pipeline/pack_requests.py): the
+`compile` is where a request is admitted (or answered with what to fix) and what it costs a
+pass is known: a worker compiles the rows it takes while the GPU runs the batch before, and
+fills its pass budget with their `num_tokens`; `score_requests` does both steps for callers
+that hold requests. The stages' hand-overs are engine/pipeline/stages.py.
+A request naming prompt packs is expanded while compiling (engine/pipeline/pack_requests.py): the
 packs' questions become queries of the same tree, and the response splits them back out
 into `packs` (questions, categories, decisions).
 
@@ -26,20 +32,14 @@ import orjson
 import torch
 
 from contract.protocol import ScoringRequest, ScoringResponse
-from contract.templates import parse_template
 from engine.extraction.decoder import BeamDecoder
-from engine.extraction.decoding import Extraction
+from engine.extraction.decoding import Extraction, SlotJob
 from engine.extraction.slots import SlotVocab
 from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.loading.loader import LoadedCheckpoint, load_checkpoint
 from engine.loading.model_registry import DEFAULT_MODEL
 from engine.loading.quantization import QUANTIZATION_RECIPES, quantize
-from engine.pipeline.compiler import (
-    CompiledRequest,
-    FloorKey,
-    compile_floor,
-    compile_request,
-)
+from engine.pipeline.compiler import compile_floor, compile_request
 from engine.pipeline.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
 from engine.pipeline.pack_requests import PackRequestError, expand_request
 from engine.pipeline.packer import (
@@ -52,6 +52,13 @@ from engine.pipeline.packer import (
 from engine.pipeline.prompts import PromptError, PromptRenderer
 from engine.pipeline.responses import ResponseBuilder
 from engine.pipeline.runner import ModelRunner
+from engine.pipeline.stages import (
+    BatchOutput,
+    CompiledRequest,
+    RequestError,
+    TokenTree,
+    TreeOwner,
+)
 from engine.pipeline.tokenize import Tokenize
 from engine.pipeline.tree import build_tree
 from prompt_packs.registry import PackRegistry
@@ -97,24 +104,6 @@ class EngineConfig:
     pack_dirs: tuple[str, ...] = ()  # prompt-pack folders loaded on top of the official packs/
 
 
-@dataclass(slots=True)
-class RequestError:
-    field: str  # which field is wrong, e.g. "messages"
-    message: str  # what to fix
-
-
-@dataclass(slots=True)
-class BatchOutput:
-    results: list[ScoringResponse | RequestError]  # one per request, same order
-    pass_ids: list[tuple[int, ...]]  # the forward passes that served each request
-
-
-@dataclass(frozen=True, slots=True)
-class _TreeOwner:
-    request_index: int  # -1 for a floor tree
-    floor_key: FloorKey | None = None
-
-
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig(), checkpoint: LoadedCheckpoint | None = None) -> None:
         """Loads `config.model`, or serves an already loaded `checkpoint` (benchmarks, tests)."""
@@ -141,7 +130,6 @@ class Engine:
         self.beam = BeamDecoder()  # mode "extract"; parity's negative control swaps in a greedy one
         self._slot_vocab: SlotVocab | None = None
         self._packs: PackRegistry | None = None
-        self._counted: dict[int, tuple[ScoringRequest, CompiledRequest | RequestError]] = {}
 
     def leak_sibling_for_negative_control(self) -> None:
         """Break the tree mask on purpose (parity's negative control); marks the fingerprint."""
@@ -150,35 +138,58 @@ class Engine:
 
     def score(self, request: ScoringRequest) -> ScoringResponse:
         """One request; raises PromptError (with .field) when it cannot be served."""
-        [result] = self.score_batch([request]).results
+        [result] = self.score_requests([request]).results
         if isinstance(result, RequestError):
             raise PromptError(result.field, result.message)
         return result
 
-    def count_tokens(self, request: ScoringRequest) -> int:
-        """Tokens the request's tree adds to a pass (0 when it cannot be compiled).
-        The compiled request is kept for the `score_batch` call that follows."""
-        compiled = self._compile(request)
-        self._counted[id(request)] = (request, compiled)
-        if isinstance(compiled, RequestError):
-            return 0
-        compiled.tree = build_tree(compiled.branches)  # packed as is by that call: built once
-        return compiled.tree.num_tokens
+    def score_requests(
+        self, requests: list[ScoringRequest], while_waiting: Callable[[], bool] | None = None,
+        on_result: Callable[[int], None] | None = None,
+    ) -> BatchOutput:
+        """`compile` each request, then `score_batch` them (the collector deferred for both)."""
+        with cyclic_gc_deferred():
+            return self.score_batch([self.compile(request) for request in requests], while_waiting, on_result)
+
+    def compile(self, request: ScoringRequest) -> CompiledRequest | RequestError:
+        """The request as the passes read it, or what to fix. The one admission of a request:
+        the model it names, its packs, its templates as rendered and tokenized, the slot kinds
+        this tokenizer can decode and the model's context length are checked here, and its tree
+        is built here, so `num_tokens` (what it adds to a pass) is known before it is scored."""
+        if request.model not in (None, self.model_name):
+            return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
+        try:
+            expanded, packs = expand_request(request, self.packs)
+            compiled = compile_request(expanded, self.renderer, self.tokenize, packs)
+            for branch in compiled.branches:
+                if branch.slot is not None:
+                    self.slot_vocab().check_serves(branch.slot.kind)
+        except (PromptError, PackRequestError) as error:
+            return RequestError(error.field, str(error))
+        if compiled.max_num_tokens > self.max_context_tokens:
+            return RequestError(
+                "messages",
+                f"the content with its longest question and option is {compiled.max_num_tokens} tokens;"
+                f" this model reads at most {self.max_context_tokens}: shorten the content",
+            )
+        return compiled
 
     def score_batch(
-        self, requests: list[ScoringRequest], while_waiting: Callable[[], bool] | None = None
+        self, compiled: list[CompiledRequest | RequestError], while_waiting: Callable[[], bool] | None = None,
+        on_result: Callable[[int], None] | None = None,
     ) -> BatchOutput:
-        """One response per request, in order. `while_waiting`: a step of host work (e.g. a
-        worker gathering its next jobs) run while a pass is on the GPU, again while it returns
-        True and the pass is not done; the next launch waits for the step in progress, so steps
-        should be short. It must not call this engine's score_batch. Not called on CPU."""
+        """One result per item of `compile`, in order: a response, or the item's RequestError as
+        it is. A compiled request is not changed, so it may be scored again. `while_waiting`: a
+        step of host work (e.g. a worker gathering its next jobs) run while a pass is on the
+        GPU, again while it returns True and the pass is not done; the next launch waits for the
+        step in progress, so steps should be short. It must not score on this engine. Not
+        called on CPU. `on_result(i)`: item i's response is built, before the batch's last pass
+        (a worker counts its rows as they are scored)."""
         with cyclic_gc_deferred():
-            return self._score_batch(requests, while_waiting)
+            return self._score_batch(compiled, while_waiting, on_result)
 
-    def _score_batch(self, requests: list[ScoringRequest], while_waiting) -> BatchOutput:
-        compiled = [self._compiled(request) for request in requests]
-        self._counted.clear()
-        builder = ResponseBuilder(self, compiled)
+    def _score_batch(self, compiled: list[CompiledRequest | RequestError], while_waiting, on_result=None) -> BatchOutput:
+        builder = self._response_builder(compiled, on_result)
         pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), pack)
         batches = pack(self._trees(compiled, builder), self.config.max_num_batched_tokens,
@@ -190,6 +201,11 @@ class Engine:
         builder.collect_slots(extraction.jobs)
         return builder.finish()
 
+    def _response_builder(self, compiled: list[CompiledRequest | RequestError], on_result=None) -> ResponseBuilder:
+        """What the responses need of this engine: its floor cache, name, fingerprint, tokenizer."""
+        return ResponseBuilder(compiled, self.floors, self.model_name, self.system_fingerprint, self.tokenizer,
+                               on_result)
+
     def slot_vocab(self) -> SlotVocab:
         """The tokenizer as extraction slots see it (built on the first slot: ~5 s for 150k tokens)."""
         if self._slot_vocab is None:
@@ -197,12 +213,12 @@ class Engine:
             self._slot_vocab = SlotVocab.build(self.tokenizer, vocab_size)
         return self._slot_vocab
 
-    def _slot_floor_prompt(self, compiled: list[CompiledRequest], job) -> list[int]:
+    def _slot_floor_prompt(self, compiled: list[CompiledRequest | RequestError], job: SlotJob) -> list[int]:
         """A `floor` slot's prompt with user contents emptied, as floors are for {?}: its tokens."""
         request = compiled[job.request_index].request
         query = request.scoring.queries[job.query_index]
         prefix = self.renderer.render_prefix(request.messages, query.answer_in, is_floor=True)
-        [ids] = self.tokenize.continuations(prefix, [parse_template(query.template).fill(job.values)])
+        [ids] = self.tokenize.continuations(prefix, [query.parsed_template.fill(job.values)])
         return ids
 
     @property
@@ -212,43 +228,18 @@ class Engine:
             self._packs = PackRegistry.load(list(self.config.pack_dirs))
         return self._packs
 
-    def _compiled(self, request: ScoringRequest) -> CompiledRequest | RequestError:
-        counted, compiled = self._counted.get(id(request), (None, None))
-        return compiled if counted is request else self._compile(request)
-
-    def _compile(self, request: ScoringRequest) -> CompiledRequest | RequestError:
-        if request.model not in (None, self.model_name):
-            return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
-        try:
-            expanded, packs = expand_request(request, self.packs)
-            compiled = compile_request(expanded, self.renderer, self.tokenize)
-        except (PromptError, PackRequestError) as error:
-            return RequestError(error.field, str(error))
-        compiled.packs = packs
-        for branch in compiled.branches:
-            if branch.slot is not None:
-                try:
-                    self.slot_vocab().check_serves(branch.slot.kind)
-                except PromptError as error:
-                    return RequestError(error.field, str(error))
-        if compiled.max_num_tokens > self.max_context_tokens:
-            return RequestError(
-                "messages",
-                f"the content with its longest question and option is {compiled.max_num_tokens} tokens;"
-                f" this model reads at most {self.max_context_tokens}: shorten the content",
-            )
-        return compiled
-
-    def _trees(self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder):
+    def _trees(
+        self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder
+    ) -> Iterator[tuple[TreeOwner, TokenTree]]:
         """Floors first (small; every request waits for its floors), then each request's tree."""
         for key in builder.missing_floors():
-            yield _TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
+            yield TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
         budget = self.config.max_num_batched_tokens
         for index, request in enumerate(compiled):
             if isinstance(request, RequestError):
                 continue
-            for tree in split_tree(request.branches, budget, request.tree):  # built here or by count_tokens
-                yield _TreeOwner(index), tree
+            for tree in split_tree(request.tree, budget):
+                yield TreeOwner(index), tree
 
 
 def fingerprint(weights_sha256: str, dtype: torch.dtype, device: torch.device, quantization: str = "none") -> str:

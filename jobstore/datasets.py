@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from contract.payloads import ByteRange, JobItem, RowError
 from contract.s3_uri import S3Uri
+from jobstore.records import ChunkSummary
 
 MANIFEST_NAME = "manifest.json"
 _CUSTOM_ID_RE = re.compile(rb'"custom_id"\s*:\s*"([^"\\]*)"')
@@ -89,24 +90,25 @@ def error_row(custom_id: str | None, error: RowError) -> bytes:
     return orjson.dumps({"custom_id": custom_id, "error": error.model_dump(exclude_none=True)})
 
 
-def response_row(custom_id: str, response: dict) -> bytes:
-    return orjson.dumps({"custom_id": custom_id, "response": response})
+def response_row(custom_id: str, response: dict, labels: list[str] | None = None) -> bytes:
+    row = {"custom_id": custom_id, "response": response}
+    return orjson.dumps(row if labels is None else row | {"labels": labels})
 
 
 def to_jsonl(rows: Iterable[bytes]) -> bytes:
     return b"".join(row + b"\n" for row in rows)
 
 
-def build_manifest(job_id: str, input_uri: str, output: S3Uri, summaries: dict[int, dict]) -> dict:
+def build_manifest(job_id: str, input_uri: str, output: S3Uri, summaries: dict[int, ChunkSummary]) -> dict:
     indices = sorted(summaries)
     return {
         "job_id": job_id,
         "input": input_uri,
         "output": str(output),
         "num_chunks": len(indices),
-        "num_rows": sum(summaries[i]["num_rows"] for i in indices),
-        "num_succeeded": sum(summaries[i]["num_succeeded"] for i in indices),
-        "num_failed": sum(summaries[i]["num_failed"] for i in indices),
+        "num_rows": sum(summaries[i].num_rows for i in indices),
+        "num_succeeded": sum(summaries[i].num_succeeded for i in indices),
+        "num_failed": sum(summaries[i].num_failed for i in indices),
         "results": [str(results_uri(output, i)) for i in indices],
         "errors": [str(errors_uri(output, i)) for i in indices],
     }

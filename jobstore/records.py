@@ -1,18 +1,21 @@
 """Job records in Redis: the state a client sees, kept apart from RQ's per-chunk jobs.
 
-    submit -> create_job (status queued) -> chunk RQ jobs
-    worker: mark_running -> store results -> settle_chunk (first write wins) -> finish when all settled
-    API: load_view (status, progress, usage), results, cancel
+    job hash (create_job, mark_running, set_plan, finish) -- status, timestamps, counts
+    chunks hash: chunk index -> ChunkSummary (settle_chunk: first write wins)
+    results hash: chunk index -> JSONL rows (inline jobs), passes set, done list (sync waiters)
+      --> load_view: JobView (status, progress, usage); iter_inline_results
 
-A chunk settles once: its summary is written with HSETNX, so a chunk re-run after a dead
-worker overwrites its results but never counts twice, and the queued-rows gauge (the
-backpressure signal) drops by its rows exactly once. Records expire `ttl` seconds after the
-job ends (the documented retention); a running job never expires.
+The steps that drive a job through these records are in `jobstore.lifecycle`. A chunk
+settles once: its summary is written with HSETNX, so a chunk re-run after a dead worker
+overwrites its results but never counts twice, and the queued-rows gauge (the backpressure
+signal) drops by its rows exactly once. Records expire `ttl` seconds after the job ends (the
+documented retention); a running job never expires.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import orjson
 from redis import Redis
@@ -45,6 +48,41 @@ return 0
 """
 
 _ACTIVE = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSummary:
+    """What a settled chunk counted: its rows, how they ended, the usage of the scored ones.
+
+    Stored as JSON in the chunks hash: `{num_rows, num_succeeded, num_failed, usage}`, plus
+    `"cancelled": true` for a chunk that was never run (it has no `usage`)."""
+
+    num_rows: int
+    num_succeeded: int
+    num_failed: int
+    usage: dict[str, int] = field(default_factory=dict)  # Usage field name -> tokens or counts
+    cancelled: bool = False  # settled by cancel: nothing was written for it
+
+    @classmethod
+    def for_cancelled(cls, num_rows: int) -> ChunkSummary:
+        return cls(num_rows=num_rows, num_succeeded=0, num_failed=0, cancelled=True)
+
+    @property
+    def num_done(self) -> int:
+        return self.num_succeeded + self.num_failed
+
+    def to_dict(self) -> dict:
+        counts = {"num_rows": self.num_rows, "num_succeeded": self.num_succeeded, "num_failed": self.num_failed}
+        return counts | ({"cancelled": True} if self.cancelled else {"usage": self.usage})
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ChunkSummary:
+        raw = orjson.loads(data)
+        return cls(num_rows=raw["num_rows"], num_succeeded=raw["num_succeeded"], num_failed=raw["num_failed"],
+                   usage=raw.get("usage", {}), cancelled=bool(raw.get("cancelled", False)))
 
 
 def now() -> int:
@@ -85,17 +123,17 @@ def add_passes(r: Redis, job_id: str, pass_names: list[str]) -> None:
         r.sadd(queues.passes_key(job_id), *pass_names)
 
 
-def settle_chunk(r: Redis, job_id: str, chunk_index: int, summary: dict) -> bool:
+def settle_chunk(r: Redis, job_id: str, chunk_index: int, summary: ChunkSummary) -> bool:
     """Record a chunk's summary once; True when this call settled it."""
     script = r.register_script(_SETTLE_LUA)
     keys = [queues.chunks_key(job_id), queues.QUEUED_ROWS_KEY]
-    args = [str(chunk_index), orjson.dumps(summary), summary["num_rows"]]
+    args = [str(chunk_index), summary.to_json(), summary.num_rows]
     return bool(script(keys=keys, args=args))
 
 
-def chunk_summaries(r: Redis, job_id: str) -> dict[int, dict]:
+def chunk_summaries(r: Redis, job_id: str) -> dict[int, ChunkSummary]:
     raw = r.hgetall(queues.chunks_key(job_id))
-    return {int(k): orjson.loads(v) for k, v in raw.items()}
+    return {int(k): ChunkSummary.from_json(v) for k, v in raw.items()}
 
 
 def is_complete(r: Redis, job_id: str) -> bool:
@@ -127,6 +165,7 @@ def _job_keys(job_id: str) -> list[str]:
         queues.results_key(job_id),
         queues.rq_ids_key(job_id),
         queues.passes_key(job_id),
+        queues.partial_key(job_id),
     ]
 
 
@@ -134,10 +173,10 @@ def status_of(record: dict[str, str]) -> JobStatus:
     return JobStatus(record["status"])
 
 
-def total_usage(summaries: dict[int, dict]) -> Usage:
+def total_usage(summaries: dict[int, ChunkSummary]) -> Usage:
     totals: dict[str, int] = {}
     for summary in summaries.values():
-        for name, value in summary.get("usage", {}).items():
+        for name, value in summary.usage.items():
             totals[name] = totals.get(name, 0) + value
     return Usage(**totals)
 
@@ -148,10 +187,12 @@ def load_view(r: Redis, job_id: str) -> JobView | None:
         return None
     summaries = chunk_summaries(r, job_id)
     num_rows = record.get("num_rows")
+    partial = {int(k): int(v) for k, v in r.hgetall(queues.partial_key(job_id)).items()}  # chunks in a pass
     progress = Progress(
         total=int(num_rows) if num_rows else None,
-        done=sum(s["num_succeeded"] + s["num_failed"] for s in summaries.values()),
-        failed=sum(s["num_failed"] for s in summaries.values()),
+        done=sum(s.num_done for s in summaries.values())
+        + sum(n for index, n in partial.items() if index not in summaries),
+        failed=sum(s.num_failed for s in summaries.values()),
     )
 
     def stamp(name: str) -> int | None:

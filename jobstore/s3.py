@@ -1,6 +1,7 @@
 """S3 access: a client for any S3-compatible endpoint, listing, ranged reads, uploads.
 
-    S3Uri (contract/s3_uri.py) -> list_keys / iter_lines / read_range / put_bytes / get_bytes
+    S3Uri (contract/s3_uri.py) -> list_keys / iter_lines / iter_object / read_range / put_bytes / put_file /
+                                  get_bytes / delete_object
 
 boto3 only, no torch. Uploads go through boto3's transfer manager (`upload_fileobj`), which
 switches to multipart for large objects.
@@ -9,6 +10,8 @@ switches to multipart for large objects.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 import boto3
 from botocore.config import Config
@@ -42,10 +45,19 @@ def iter_lines(client, uri: S3Uri, chunk_size: int = 1 << 20):
 
     Lines end at b"\\n" only, exactly as `split_lines` cuts a ranged read.
     """
-    body = client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"]
+    return split_blocks(iter_object(client, uri, chunk_size))
+
+
+def iter_object(client, uri: S3Uri, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+    """An object's bytes, streamed in blocks."""
+    yield from client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].iter_chunks(chunk_size)
+
+
+def split_blocks(blocks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(byte_offset, line including its b"\\n") of a byte stream cut into blocks anywhere."""
     offset = 0
     pending = b""
-    for block in body.iter_chunks(chunk_size):
+    for block in blocks:
         pending += block
         *lines, pending = pending.split(b"\n")
         for line in lines:
@@ -64,7 +76,16 @@ def read_range(client, uri: S3Uri, start: int, end: int) -> bytes:
 
 
 def put_bytes(client, uri: S3Uri, data: bytes, content_type: str = "application/jsonl") -> None:
-    client.upload_fileobj(io.BytesIO(data), uri.bucket, uri.key, ExtraArgs={"ContentType": content_type})
+    put_file(client, uri, io.BytesIO(data), content_type)
+
+
+def put_file(client, uri: S3Uri, file: BinaryIO, content_type: str = "application/jsonl") -> None:
+    """Upload a file object from its current position (multipart past the transfer manager's threshold)."""
+    client.upload_fileobj(file, uri.bucket, uri.key, ExtraArgs={"ContentType": content_type})
+
+
+def delete_object(client, uri: S3Uri) -> None:
+    client.delete_object(Bucket=uri.bucket, Key=uri.key)
 
 
 def get_bytes(client, uri: S3Uri) -> bytes:

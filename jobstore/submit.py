@@ -1,10 +1,12 @@
-"""Submitting and cancelling jobs: job record first, then RQ jobs on the model's queue pair.
+"""Submitting to RQ: a job's payloads, validated, as RQ jobs on its model's queue pair.
 
-    inline items --chunk by chunk_num_rows--> ChunkPayload x N --> batch queue (sync queue for /v1/score)
-    S3 input     --> PlanPayload --> batch queue --worker lists and cuts--> ChunkPayload x N
+    [ChunkPayload] --enqueue_chunks--> batch queue (sync queue for /v1/score), RQ ids <job id>-c<index>
+    PlanPayload    --enqueue_plan-->   batch queue, RQ id <job id>-plan
+    every RQ id also goes in the job's RQ ids set (cancel reads it); chunks raise the queued-rows gauge
 
 Every payload is validated (pydantic) before it is enqueued; RQ job ids are derived from
-the job id and chunk index, so a chunk is the same RQ job across retries. Pure python.
+the job id and chunk index, so a chunk is the same RQ job across retries. Which payloads a
+job is made of, and when, is `jobstore.lifecycle`'s. Pure python.
 """
 
 from __future__ import annotations
@@ -13,15 +15,10 @@ import uuid
 
 from redis import Redis
 from rq import Callback, Queue, Retry
-from rq.exceptions import NoSuchJobError
-from rq.job import Job
-from rq.job import JobStatus as RqStatus
 
 from contract import queues
-from contract.payloads import ChunkPayload, JobItem, JobStatus, PlanPayload
-from contract.protocol import PackRef, ScoringSpec
+from contract.payloads import ChunkPayload, PlanPayload
 from contract.settings import Settings
-from jobstore import records
 
 
 def new_job_id() -> str:
@@ -50,6 +47,15 @@ def enqueue_chunks(r: Redis, settings: Settings, chunks: list[ChunkPayload], que
         pipe.execute()
 
 
+def enqueue_plan(r: Redis, settings: Settings, plan: PlanPayload) -> None:
+    """Validate and enqueue a dataset's plan step on its model's batch queue."""
+    data = _job_data(settings, queues.PLAN_FUNC, f"{plan.job_id}-plan", plan)
+    with r.pipeline() as pipe:
+        pipe.sadd(queues.rq_ids_key(plan.job_id), data.job_id)
+        make_queue(r, queues.queue_pair(plan.model).batch).enqueue_many([data], pipeline=pipe)
+        pipe.execute()
+
+
 def _job_data(settings: Settings, func: str, rq_id: str, payload: ChunkPayload | PlanPayload):
     # only the fields the caller set travel: a default re-sent as if given can change meaning
     checked = type(payload).model_validate(payload.model_dump(mode="json", exclude_unset=True))
@@ -63,84 +69,3 @@ def _job_data(settings: Settings, func: str, rq_id: str, payload: ChunkPayload |
         retry=Retry(max=settings.max_num_retries) if settings.max_num_retries > 0 else None,
         on_failure=Callback(queues.FAILURE_CALLBACK),
     )
-
-
-def submit_inline(
-    r: Redis,
-    settings: Settings,
-    owner: str,
-    model: str,
-    scoring: ScoringSpec,
-    items: list[JobItem],
-    debug: bool = False,
-    is_sync: bool = False,
-    job_id: str | None = None,
-    packs: list[PackRef] = (),
-) -> str:
-    """One job of inline rows; sync jobs (/v1/score, chat) go to the priority queue."""
-    job_id = job_id or new_job_id()
-    size = settings.chunk_num_rows
-    chunks = [
-        ChunkPayload(
-            job_id=job_id,
-            chunk_index=index,
-            model=model,
-            scoring=scoring,
-            **({"packs": list(packs)} if packs else {}),  # unset when none: payloads travel exclude_unset
-            debug=debug,
-            items=items[start : start + size],
-            num_rows=len(items[start : start + size]),
-        )
-        for index, start in enumerate(range(0, len(items), size))
-    ]
-    fields = {"owner": owner, "model": model, "kind": "sync" if is_sync else "inline"}
-    fields |= {"num_rows": len(items), "num_chunks": len(chunks)}
-    records.create_job(r, job_id, fields)
-    pair = queues.queue_pair(model)
-    enqueue_chunks(r, settings, chunks, pair.sync if is_sync else pair.batch)
-    return job_id
-
-
-def submit_dataset(
-    r: Redis, settings: Settings, owner: str, model: str, scoring: ScoringSpec, input_uri: str, output_uri: str,
-    debug: bool = False, job_id: str | None = None, packs: list[PackRef] = (),
-) -> str:
-    """One dataset job: a plan step lists the input and enqueues the chunks."""
-    job_id = job_id or new_job_id()
-    plan = PlanPayload(
-        job_id=job_id, model=model, scoring=scoring, debug=debug, input=input_uri, output=output_uri,
-        chunk_num_rows=settings.chunk_num_rows,
-        **({"packs": list(packs)} if packs else {}),  # unset when none: payloads travel exclude_unset
-    )
-    fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri}
-    records.create_job(r, job_id, fields)
-    data = _job_data(settings, queues.PLAN_FUNC, f"{job_id}-plan", plan)
-    with r.pipeline() as pipe:
-        pipe.sadd(queues.rq_ids_key(job_id), data.job_id)
-        make_queue(r, queues.queue_pair(model).batch).enqueue_many([data], pipeline=pipe)
-        pipe.execute()
-    return job_id
-
-
-def cancel(r: Redis, settings: Settings, job_id: str) -> bool:
-    """Cancel an active job: queued chunks leave their queue and settle as cancelled."""
-    if not records.finish(r, job_id, JobStatus.CANCELLED, settings.result_ttl_s):
-        return False
-    rq_ids = sorted(member.decode() for member in r.smembers(queues.rq_ids_key(job_id)))
-    for rq_id in rq_ids:
-        try:
-            job = Job.fetch(rq_id, connection=r, serializer=queues.JsonSerializer)
-        except NoSuchJobError:
-            continue
-        if job.get_status() != RqStatus.QUEUED:
-            continue  # running chunks finish; the worker skips chunks of a cancelled job
-        job.cancel()
-        settle_cancelled(r, job.kwargs["payload"])
-    return True
-
-
-def settle_cancelled(r: Redis, payload: dict) -> None:
-    if "chunk_index" not in payload:
-        return  # a plan step: nothing was counted for it
-    summary = {"num_rows": payload["num_rows"], "num_succeeded": 0, "num_failed": 0, "cancelled": True}
-    records.settle_chunk(r, payload["job_id"], payload["chunk_index"], summary)

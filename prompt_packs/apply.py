@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from contract.probability import reweight
 from contract.protocol import Message, Query, QueryResult, ScoringRequest, ScoringSpec
 from prompt_packs.calibration import Calibrator
+from prompt_packs.decision_calibration import joint_probabilities
 from prompt_packs.format import Calibration, Category, Decision, Pack, PackQuestion
 from prompt_packs.orderings import Ordering, combine_orderings, expand_orderings
 
@@ -34,10 +36,12 @@ def query_id(pack: Pack, question_id: str) -> str:
 def question_queries(pack: Pack, question: PackQuestion) -> list[tuple[Query, Ordering | None]]:
     base_id = query_id(pack, question.id)
     if not question.is_lettered:
-        query = Query(id=base_id, template=question.template, options=question.options, answer_in=question.answer_in)
+        query = Query(id=base_id, template=question.template, options=question.options, answer_in=question.answer_in,
+                      calibrate=pack.label_free)
         return [(query, None)]
     texts = [c.text for c in question.choices]
-    return list(expand_orderings(base_id, question.template, texts, question.orderings, answer_in=question.answer_in))
+    expanded = expand_orderings(base_id, question.template, texts, question.orderings, answer_in=question.answer_in)
+    return [(q.model_copy(update={"calibrate": pack.label_free}), o) for q, o in expanded]
 
 
 def expand_pack(pack: Pack) -> list[Query]:
@@ -66,7 +70,11 @@ def score_question(pack: Pack, question: PackQuestion, by_id: dict[str, QueryRes
         options = _options_of(by_id[expanded[0][0].id])
         p: float | None = sum(o.p for o in options if o.text in question.positive)
         floor_p = sum(o.floor_p for o in options if o.text in question.positive)
-        return {"p": p, "floor_p": floor_p, "options": {o.text: o.p for o in options}}
+        entry = {"p": p, "floor_p": floor_p, "options": {o.text: o.p for o in options}}
+        if pack.label_free == "contextual":
+            contextual = reweight([o.p for o in options], [o.floor_p for o in options])
+            entry["contextual_p"] = sum(c for o, c in zip(options, contextual, strict=True) if o.text in question.positive)
+        return entry
     choice_ids = [c.id for c in question.choices]
     orderings = [o for _, o in expanded]
     letter_p = [[o.p for o in _options_of(by_id[q.id])] for q, _ in expanded]
@@ -74,12 +82,16 @@ def score_question(pack: Pack, question: PackQuestion, by_id: dict[str, QueryRes
     combined = combine_orderings(orderings, letter_p)
     floors = combine_orderings(orderings, letter_floor).probabilities
     positive = [choice_ids.index(c) for c in question.positive]
-    return {
+    entry = {
         "p": sum(combined.probabilities[i] for i in positive) if positive else None,
         "floor_p": sum(floors[i] for i in positive) if positive else None,
         "choices": dict(zip(choice_ids, combined.probabilities, strict=True)),
         "combined": combined.as_dict(choice_ids),
     }
+    if pack.label_free == "contextual" and positive:
+        contextual = reweight(combined.probabilities, floors)
+        entry["contextual_p"] = sum(contextual[i] for i in positive)
+    return entry
 
 
 def member_scores(questions: dict[str, dict[str, Any]], key: str) -> dict[str, float]:
@@ -104,13 +116,30 @@ def combine_scores(category: Category, pack: Pack, scores: dict[str, float]) -> 
     return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
 
 
-def decide(decision: Decision, scores: dict[str, float]) -> str:
+def decide(decision: Decision, scores: dict[str, float], pack: Pack | None = None) -> str:
+    """The label; a rule's threshold is the fitted one (`calibration.thresholds`) where present."""
     if decision.argmax_of:
         return max(decision.argmax_of, key=lambda c: scores[c])  # first listed wins a tie
-    for rule in decision.rules:
-        if scores[rule.category] >= rule.at_least:
+    fitted = pack.calibration.thresholds if pack is not None else {}
+    for index, rule in enumerate(decision.rules):
+        threshold = fitted.get(f"{decision.id}/{index}")
+        if scores[rule.category] >= (threshold.at_least if threshold else rule.at_least):
             return rule.label
     return decision.default or ""
+
+
+def apply_joint_maps(pack: Pack, categories: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each fitted argmax decision's joint probabilities; they also become its classes'
+    calibrated category scores (in place)."""
+    out = {}
+    for decision_id, joint in pack.calibration.decisions.items():
+        key = "score" if joint.reads == "raw" else "calibrated_score"
+        scores = {c: categories[c][key] if categories[c][key] is not None else categories[c]["score"]
+                  for c in joint.classes}
+        out[decision_id] = joint_probabilities(joint, scores)
+        for c, p in out[decision_id].items():
+            categories[c]["calibrated_score"] = p
+    return out
 
 
 def apply_pack(pack: Pack, results: list[QueryResult]) -> dict[str, Any]:
@@ -135,10 +164,14 @@ def apply_pack(pack: Pack, results: list[QueryResult]) -> dict[str, Any]:
             "score": combine_scores(category, pack, raw),
             "calibrated_score": float(calibrator.apply(merged)) if calibrator else None,
         }
+    probabilities = apply_joint_maps(pack, categories)
     best = {c: (e["calibrated_score"] if e["calibrated_score"] is not None else e["score"]) for c, e in categories.items()}
-    decisions = {d.id: decide(d, best) for d in pack.decisions}
-    return {"pack": pack.id, "version": pack.version, "questions": questions,
-            "categories": categories, "decisions": decisions}
+    decisions = {d.id: decide(d, best, pack) for d in pack.decisions}
+    out = {"pack": pack.id, "version": pack.version, "questions": questions,
+           "categories": categories, "decisions": decisions}
+    if probabilities:
+        out["decision_probabilities"] = probabilities
+    return out
 
 
 # ---- a request naming packs: one read for its own queries and every pack's -------------

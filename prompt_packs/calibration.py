@@ -82,18 +82,25 @@ def _nll(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
 
 
-def fit_temperature(p: np.ndarray, y: np.ndarray, *, min_log_t: float = -4.0, max_log_t: float = 4.0) -> Calibrator:
-    """T minimising log-loss, by golden-section search over log T (the loss is unimodal in it)."""
-    z, y = logit(p), np.asarray(y, dtype=np.float64)
+def best_temperature(loss_at, *, min_log_t: float = -4.0, max_log_t: float = 4.0) -> float:
+    """The T minimising loss_at(T), by golden-section search over log T (the log-loss of a
+    temperature-scaled answer is unimodal in it); shared by the binary and n-way fits."""
     lo, hi = min_log_t, max_log_t
     ratio = (np.sqrt(5.0) - 1.0) / 2.0
     for _ in range(100):
         a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if _nll(sigmoid(z / np.exp(a)), y) < _nll(sigmoid(z / np.exp(b)), y):
+        if loss_at(np.exp(a)) < loss_at(np.exp(b)):
             hi = b
         else:
             lo = a
-    return Calibrator("temperature", {"temperature": float(np.exp((lo + hi) / 2.0))})
+    return float(np.exp((lo + hi) / 2.0))
+
+
+def fit_temperature(p: np.ndarray, y: np.ndarray, *, min_log_t: float = -4.0, max_log_t: float = 4.0) -> Calibrator:
+    """T minimising log-loss (best_temperature)."""
+    z, y = logit(p), np.asarray(y, dtype=np.float64)
+    temperature = best_temperature(lambda t: _nll(sigmoid(z / t), y), min_log_t=min_log_t, max_log_t=max_log_t)
+    return Calibrator("temperature", {"temperature": temperature})
 
 
 def fit_platt(p: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, num_steps: int = 50) -> Calibrator:
@@ -232,7 +239,7 @@ def binary_metrics(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
     p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
     clipped = np.clip(p, EPS, 1.0 - EPS)
     return {
-        "num_rows": int(len(y)),
+        "num_rows": len(y),
         "num_positive": int(y.sum()),
         "accuracy": float(np.mean((p >= 0.5) == (y > 0.5))),
         "auc": auc(p, y),
@@ -256,7 +263,7 @@ def multiclass_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float
     aucs = [auc(probs[:, c], onehot[:, c]) for c in range(probs.shape[1])]
     aucs = [a for a in aucs if not np.isnan(a)]
     return {
-        "num_rows": int(len(labels)),
+        "num_rows": len(labels),
         "accuracy": float(np.mean(top == labels)),
         "auc_ovr": float(np.mean(aucs)) if aucs else float("nan"),
         "ece": ece(probs.max(axis=1), (top == labels).astype(np.float64)),
@@ -268,100 +275,3 @@ def multiclass_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, float
 def num_flipped(p_before: np.ndarray, p_after: np.ndarray) -> int:
     """Rows whose side of 0.5 changed: a two-way answer's argmax that calibration moved."""
     return int(np.sum((np.asarray(p_before) >= 0.5) != (np.asarray(p_after) >= 0.5)))
-
-
-# ---- method choice on held-out rows ----------------------------------------------------
-
-CANDIDATE_METHODS = ("temperature", "platt", "isotonic")
-# AUC on cross-fitted rows is the mean of the per-fold AUCs (each fold's rows are ranked by
-# one map): pooling rows calibrated by different maps would rank them against each other
-# with different maps, and move even a rank-preserving method's AUC. A candidate may not lose
-# any AUC ("no lower than before"): isotonic ties that cost some rule isotonic out, while
-# temperature and Platt on the raw score keep every fold's ranking and so stay eligible.
-AUC_TOLERANCE = 0.0
-
-
-@dataclass(slots=True)
-class MethodChoice:
-    method: str  # the chosen method
-    calibrator: Calibrator  # the chosen method refit on every row: what goes into the pack
-    held_out_p: np.ndarray  # [N] out-of-fold calibrated predictions of the chosen method
-    before: dict[str, float]  # metrics of the raw scores on the same rows
-    after: dict[str, float]  # metrics of held_out_p
-    candidates: dict[str, dict[str, float]]  # out-of-fold metrics of every method tried
-    num_flipped: int  # rows whose side of 0.5 the chosen method moved (out of fold)
-
-
-def stratified_folds(y: np.ndarray, num_folds: int, seed: int = 0) -> np.ndarray:
-    """Fold index per row; positives and negatives are dealt round-robin after a shuffle."""
-    y = np.asarray(y) > 0.5
-    rng = np.random.default_rng(seed)
-    folds = np.empty(len(y), dtype=int)
-    for group in (np.flatnonzero(y), np.flatnonzero(~y)):
-        shuffled = rng.permutation(group)
-        folds[shuffled] = (np.arange(len(shuffled)) + rng.integers(num_folds)) % num_folds
-    return folds
-
-
-def fold_auc(p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> float:
-    """Mean AUC over the folds that hold both classes (nan if none does)."""
-    aucs = [auc(p[folds == f], y[folds == f]) for f in np.unique(folds)]
-    aucs = [a for a in aucs if not np.isnan(a)]
-    return float(np.mean(aucs)) if aucs else float("nan")
-
-
-def cross_fit(method: str, p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> np.ndarray:
-    """Each row calibrated by a map fitted on the other folds only."""
-    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    out = np.empty_like(p)
-    for fold in np.unique(folds):
-        held = folds == fold
-        out[held] = fit(method, p[~held], y[~held]).apply(p[held])
-    return out
-
-
-def choose_method(
-    p: np.ndarray,
-    y: np.ndarray,
-    *,
-    methods: tuple[str, ...] = CANDIDATE_METHODS,
-    num_folds: int = 5,
-    seed: int = 0,
-    baseline: np.ndarray | None = None,
-) -> MethodChoice:
-    """Pick the method with the lowest out-of-fold log-loss among those that keep accuracy
-    (at 0.5) and AUC (by more than AUC_TOLERANCE) no lower than the baseline (default: the raw
-    scores `p` themselves); temperature is the fallback since it never moves a row across
-    0.5. `baseline` lets a category compare against the uncalibrated pack's score when `p`
-    is already built from calibrated question scores."""
-    p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    folds = stratified_folds(y, num_folds, seed)
-    reference = p if baseline is None else np.asarray(baseline, dtype=np.float64)
-    before = binary_metrics(reference, y) | {"auc": fold_auc(reference, y, folds)}
-    held_out = {m: cross_fit(m, p, y, folds) for m in methods}
-    candidates = {m: binary_metrics(q, y) | {"auc": fold_auc(q, y, folds)} for m, q in held_out.items()}
-
-    def keeps_quality(m: str) -> bool:
-        after = candidates[m]
-        auc_ok = np.isnan(before["auc"]) or after["auc"] >= before["auc"] - AUC_TOLERANCE
-        return after["accuracy"] >= before["accuracy"] and auc_ok
-
-    eligible = [m for m in methods if keeps_quality(m)] or ["temperature"]
-    method = min(eligible, key=lambda m: candidates[m]["log_loss"] if m in candidates else np.inf)
-    chosen_p = held_out[method] if method in held_out else cross_fit(method, p, y, folds)
-    return MethodChoice(
-        method=method,
-        calibrator=fit(method, p, y),
-        held_out_p=chosen_p,
-        before=before,
-        after=binary_metrics(chosen_p, y) | {"auc": fold_auc(chosen_p, y, folds)},
-        candidates=candidates,
-        num_flipped=num_flipped(p if baseline is None else baseline, chosen_p),
-    )
-
-
-def is_eligible(choice: MethodChoice) -> bool:
-    """Held-out accuracy and AUC no lower than before (AUC within AUC_TOLERANCE)."""
-    before, after = choice.before, choice.after
-    auc_ok = np.isnan(before["auc"]) or after["auc"] >= before["auc"] - AUC_TOLERANCE
-    return after["accuracy"] >= before["accuracy"] and auc_ok

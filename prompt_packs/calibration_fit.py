@@ -1,8 +1,10 @@
 """Fit a pack's calibration from scored labelled rows (pure: no engine, no files).
 
     ScoredRow(id, labels, question p, choice p, per-ordering p)   one per labelled row
-      --fit_pack--> PackFit: per question and per category a MethodChoice
-                    (out-of-fold metrics before/after) + multiclass and ordering summaries
+      --fit_pack--> PackFit: per question and per category a MethodChoice (nested
+                    out-of-fold metrics before/after, calibration_choice), per argmax
+                    decision a joint map, per targeted rule a threshold (decision_fit),
+                    and ordering summaries
       --to_pack_calibration--> PackCalibration (what is written into the pack file)
 
 Targets: a question's label is 1 when the row's labels hold any category that lists the
@@ -18,9 +20,24 @@ from datetime import date
 
 import numpy as np
 
-from prompt_packs import calibration as cal
+from prompt_packs import calibration_choice as choice_
 from prompt_packs.apply import combine_scores
-from prompt_packs.format import Calibration, Pack, PackCalibration, Provenance
+from prompt_packs.decision_fit import (
+    CategoryOutcome,
+    JointDecision,
+    category_outcomes,
+    fit_joint_decisions,
+    fit_thresholds,
+)
+from prompt_packs.format import (
+    Calibration,
+    DecisionCalibration,
+    Pack,
+    PackCalibration,
+    Provenance,
+    Threshold,
+)
+from prompt_packs.thresholds import ThresholdFit
 
 NUM_BOOTSTRAP = 2000
 
@@ -36,12 +53,14 @@ class ScoredRow:
 
 @dataclass(slots=True)
 class PackFit:
-    questions: dict[str, cal.MethodChoice]
-    categories: dict[str, cal.MethodChoice]
-    multiclass: dict[str, dict] = field(default_factory=dict)  # decision id -> before/after metrics
+    questions: dict[str, choice_.MethodChoice]
+    categories: dict[str, choice_.MethodChoice]
     orderings: dict[str, dict] = field(default_factory=dict)  # lettered question id -> one vs all
     held_out: str = ""
     category_inputs: dict[str, str] = field(default_factory=dict)  # category -> "calibrated" | "raw"
+    joint: dict[str, JointDecision] = field(default_factory=dict)  # argmax decision -> joint map
+    outcomes: dict[str, CategoryOutcome] = field(default_factory=dict)  # category -> what the pack serves
+    thresholds: dict[str, ThresholdFit] = field(default_factory=dict)  # "<decision>/<rule>" -> fitted threshold
 
 
 def question_targets(pack: Pack, rows: list[ScoredRow]) -> dict[str, np.ndarray]:
@@ -55,10 +74,10 @@ def question_targets(pack: Pack, rows: list[ScoredRow]) -> dict[str, np.ndarray]
 
 def fit_pack(pack: Pack, rows: list[ScoredRow], *, num_folds: int = 5, seed: int = 0) -> PackFit:
     questions = {
-        q: cal.choose_method(np.array([r.questions[q] for r in rows]), y, num_folds=num_folds, seed=seed)
+        q: choice_.choose_method(np.array([r.questions[q] for r in rows]), y, num_folds=num_folds, seed=seed)
         for q, y in question_targets(pack, rows).items()
     }
-    categories: dict[str, cal.MethodChoice] = {}
+    categories: dict[str, choice_.MethodChoice] = {}
     category_inputs: dict[str, str] = {}
     raw_category: dict[str, np.ndarray] = {}
     for category in pack.categories:
@@ -70,35 +89,20 @@ def fit_pack(pack: Pack, rows: list[ScoredRow], *, num_folds: int = 5, seed: int
             for i, r in enumerate(rows)
         ])
         # the category map may read the combine of calibrated question scores or of raw
-        # ones; both are judged against the uncalibrated pack and the better one is kept
-        options = {name: cal.choose_method(x, y, num_folds=num_folds, seed=seed, baseline=raw)
-                   for name, x in (("calibrated", merged), ("raw", raw))}
-        eligible = [n for n, c in options.items() if cal.is_eligible(c)] or list(options)
-        best = min(eligible, key=lambda n: options[n].after["log_loss"])
-        categories[category.id], category_inputs[category.id] = options[best], best
+        # ones; both are judged against the uncalibrated pack, inside the nested choice
+        best, chosen = choice_.choose_among_inputs({"raw": raw, "calibrated": merged}, y, num_folds=num_folds,
+                                                   seed=seed, baseline=raw)
+        categories[category.id], category_inputs[category.id] = chosen, best
         raw_category[category.id] = raw
     fit = PackFit(questions, categories, held_out=f"{num_folds}-fold stratified cross-fit (seed {seed})",
                   category_inputs=category_inputs)
-    fit.multiclass = multiclass_summaries(pack, rows, raw_category, categories)
+    labels_of = [r.labels for r in rows]
+    where = {"num_folds": num_folds, "seed": seed}
+    fit.joint = fit_joint_decisions(pack, labels_of, raw_category, categories, **where)
+    fit.outcomes = category_outcomes(pack, labels_of, raw_category, categories, fit.joint, **where)
+    fit.thresholds = fit_thresholds(pack, labels_of, fit.outcomes, seed=seed)
     fit.orderings = ordering_summaries(pack, rows, seed=seed)
     return fit
-
-
-def multiclass_summaries(pack: Pack, rows: list[ScoredRow], raw: dict[str, np.ndarray],
-                         fitted: dict[str, cal.MethodChoice]) -> dict[str, dict]:
-    """For argmax decisions over single-label data: accuracy, one-vs-rest AUC, ECE ..."""
-    out = {}
-    for decision in pack.decisions:
-        classes = decision.argmax_of
-        labelled = [i for i, r in enumerate(rows) if len(set(r.labels) & set(classes)) == 1]
-        if not classes or not labelled:
-            continue
-        labels = np.array([classes.index(next(c for c in rows[i].labels if c in classes)) for i in labelled])
-        before = np.stack([raw[c][labelled] for c in classes], axis=1)
-        after = np.stack([fitted[c].held_out_p[labelled] for c in classes], axis=1)
-        out[decision.id] = {"classes": classes, "before": cal.multiclass_metrics(before, labels),
-                            "after": cal.multiclass_metrics(after, labels)}
-    return out
 
 
 def ordering_summaries(pack: Pack, rows: list[ScoredRow], *, seed: int = 0) -> dict[str, dict]:
@@ -122,7 +126,7 @@ def ordering_summaries(pack: Pack, rows: list[ScoredRow], *, seed: int = 0) -> d
         draws = rng.integers(0, len(truth), size=(NUM_BOOTSTRAP, len(truth)))
         deltas = mean_right[draws].mean(axis=1) - first_right[draws].mean(axis=1)
         out[question.id] = {
-            "num_rows": int(len(truth)), "num_orderings": int(per.shape[1]),
+            "num_rows": len(truth), "num_orderings": int(per.shape[1]),
             "accuracy_one_ordering": float(first_right.mean()),
             "accuracy_averaged": float(mean_right.mean()),
             "accuracy_change": float(mean_right.mean() - first_right.mean()),
@@ -134,7 +138,7 @@ def ordering_summaries(pack: Pack, rows: list[ScoredRow], *, seed: int = 0) -> d
     return out
 
 
-def _provenance(choice: cal.MethodChoice, *, data: str, data_sha256: str, model: str,
+def _provenance(choice: choice_.MethodChoice, *, data: str, data_sha256: str, model: str,
                 fingerprint: str, held_out: str) -> Provenance:
     def rounded(metrics: dict[str, float]) -> dict[str, float]:
         return {k: round(float(v), 5) for k, v in metrics.items()}
@@ -147,7 +151,7 @@ def _provenance(choice: cal.MethodChoice, *, data: str, data_sha256: str, model:
     )
 
 
-def _calibration(choice: cal.MethodChoice, provenance: Provenance, reads: str = "calibrated") -> Calibration:
+def _calibration(choice: choice_.MethodChoice, provenance: Provenance, reads: str = "calibrated") -> Calibration:
     def rounded(value):
         return [round(v, 6) for v in value] if isinstance(value, list) else round(float(value), 6)
 
@@ -163,5 +167,27 @@ def to_pack_calibration(fit: PackFit, *, data: str, data_sha256: str, model: str
         questions={q: _calibration(c, _provenance(c, **where)) for q, c in fit.questions.items()},
         categories={k: _calibration(c, _provenance(c, **where), fit.category_inputs.get(k, "calibrated"))
                     for k, c in fit.categories.items()},
+        decisions={d: _decision_calibration(j, **where) for d, j in fit.joint.items()},
+        thresholds={k: _threshold(t) for k, t in fit.thresholds.items() if t.at_least is not None},
         report=report,
     )
+
+
+def _decision_calibration(joint: JointDecision, *, data: str, data_sha256: str, model: str, fingerprint: str,
+                          held_out: str) -> DecisionCalibration:
+    params = {k: [round(x, 6) for x in v] if isinstance(v, list) else round(float(v), 6)
+              for k, v in joint.choice.calibrator.params.items()}
+    rounded = {k: round(float(v), 5) for k, v in joint.ece.items()}
+    provenance = {"data": data, "data_sha256": data_sha256, "num_rows": len(joint.rows),
+                  "held_out": f"nested {held_out}", "model": model, "system_fingerprint": fingerprint,
+                  "date": date.today().isoformat(),
+                  "before": {k: round(float(v), 5) for k, v in joint.choice.before.items()},
+                  "after": {k: round(float(v), 5) for k, v in joint.choice.after.items()}, "ece": rounded}
+    return DecisionCalibration(method=joint.choice.method, params=params, reads=joint.choice.reads,
+                               classes=joint.classes, provenance=provenance)
+
+
+def _threshold(t: ThresholdFit) -> Threshold:
+    return Threshold(at_least=round(t.at_least, 6), metric=t.metric, target=t.target, achieved=t.achieved,
+                     interval=[round(x, 5) for x in t.interval], successes=t.successes, trials=t.trials,
+                     other=t.other, num_pick_rows=t.num_pick_rows, num_check_rows=t.num_check_rows)

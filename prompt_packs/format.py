@@ -147,10 +147,19 @@ class Category(_Strict):
     combine: Literal["max", "weighted_mean", "noisy_or"] = "max"
 
 
+class Target(_Strict):
+    """What a rule's threshold should reach on held-out rows; `spinf-jobs calibrate` picks
+    the threshold and writes it under `calibration.thresholds` (prompt_packs.thresholds)."""
+
+    metric: Literal["precision", "recall"]
+    value: float = Field(gt=0.0, lt=1.0)
+
+
 class Rule(_Strict):
     category: str
-    at_least: float = Field(ge=0.0, le=1.0)
+    at_least: float = Field(ge=0.0, le=1.0)  # used until a fitted threshold replaces it
     label: str
+    target: Target | None = None
 
 
 class Decision(_Strict):
@@ -176,11 +185,50 @@ class Decision(_Strict):
         return [r.category for r in self.rules] or list(self.argmax_of)
 
 
+class DecisionCalibration(_Strict):
+    """A joint map over an argmax decision's categories (prompt_packs.joint): it reads the
+    categories' raw or calibrated scores, renormalised over `classes`, and its output is
+    both the decision's probabilities and those categories' calibrated scores."""
+
+    method: Literal["identity", "temperature", "vector"]
+    params: dict[str, float | list[float]] = Field(default_factory=dict)
+    reads: Literal["calibrated", "raw"] = "calibrated"
+    classes: list[str] = Field(min_length=2)  # the decision's argmax_of, in order
+    provenance: dict[str, str | int | float | dict[str, float]] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> DecisionCalibration:
+        needed = {"identity": set(), "temperature": {"temperature"}, "vector": {"w", "b"}}[self.method]
+        missing = needed - set(self.params)
+        if missing:
+            raise ValueError(f"params: method {self.method} needs {sorted(missing)}")
+        if self.method == "vector" and not all(len(self.params[k]) == len(self.classes) for k in ("w", "b")):
+            raise ValueError("params: vector w and b hold one number per class")
+        return self
+
+
+class Threshold(_Strict):
+    """A rule's threshold picked for its target on some held-out rows, judged on others."""
+
+    at_least: float = Field(ge=0.0, le=1.0)
+    metric: Literal["precision", "recall"]
+    target: float
+    achieved: float | None  # on the check rows
+    interval: list[float]  # Clopper-Pearson 95% interval of `achieved`
+    successes: int
+    trials: int
+    other: float | None = None  # recall for a precision target, and the reverse
+    num_pick_rows: int
+    num_check_rows: int
+
+
 class PackCalibration(_Strict):
     """Written by `spinf-jobs calibrate`; the last top-level key of a YAML pack."""
 
     questions: dict[str, Calibration] = Field(default_factory=dict)
     categories: dict[str, Calibration] = Field(default_factory=dict)
+    decisions: dict[str, DecisionCalibration] = Field(default_factory=dict)  # argmax decisions only
+    thresholds: dict[str, Threshold] = Field(default_factory=dict)  # "<decision id>/<rule index>"
     report: str | None = None  # the fit report folder, relative to the repository root
 
 
@@ -193,6 +241,9 @@ class Pack(_Strict):
     questions: list[PackQuestion] = Field(min_length=1)
     categories: list[Category] = Field(default_factory=list)
     decisions: list[Decision] = Field(default_factory=list)
+    # label-free calibration of every question: "contextual" divides each answer by its
+    # floor (question results gain contextual_p); docs/calibration.md
+    label_free: Literal["contextual"] | None = None
     calibration: PackCalibration = PackCalibration()
 
     @model_validator(mode="after")
@@ -208,6 +259,15 @@ class Pack(_Strict):
             _known(f"decisions.{d.id}", d.categories, category_ids)
         _known("calibration.questions", list(self.calibration.questions), question_ids)
         _known("calibration.categories", list(self.calibration.categories), category_ids)
+        for decision_id, joint in self.calibration.decisions.items():
+            decision = next((d for d in self.decisions if d.id == decision_id), None)
+            if decision is None or joint.classes != decision.argmax_of:
+                raise ValueError(f"calibration.decisions.{decision_id}: not an argmax decision over {joint.classes}")
+        for key in self.calibration.thresholds:
+            decision_id, _, index = key.partition("/")
+            decision = next((d for d in self.decisions if d.id == decision_id), None)
+            if decision is None or not index.isdigit() or int(index) >= len(decision.rules):
+                raise ValueError(f"calibration.thresholds.{key}: no such decision rule")
         return self
 
     def question(self, question_id: str) -> PackQuestion:

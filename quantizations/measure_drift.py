@@ -29,7 +29,7 @@ MODELS = ("smollm2-135m-instruct", "gemma-3-270m", "qwen2.5-coder-0.5b-instruct"
 
 
 def scores(engine, requests) -> tuple[list[float], list[float]]:
-    results = engine.score_batch(requests).results
+    results = engine.score_requests(requests).results
     options = [o for r in results for q in r.results for c in q.combinations for o in c.options]
     return [o.logprob for o in options], [o.p for o in options]
 

@@ -7,10 +7,15 @@
       --write_calibration--> the pack file's `calibration` section
       --calibrate_report--> packs/reports/<pack id>/{report.json, report.md, *.png}
 
-`--queries REQUEST.json` calibrates a request's own queries instead: each two-option query
-becomes a question (its first option positive) and a category of the same id, and the
-labelled rows name the query ids that are positive. The fit then goes to
-<report dir>/pack.yaml (there is no pack file to write into).
+`--queries QUERIES.json` calibrates a request's own queries instead: the file holds
+`{"queries": [...]}` (or a whole scoring request; its `messages`, if any, are not used: the
+content is each labelled row's text). Each two-option query becomes a question (its first
+option positive) and a category of the same id, and the labelled rows name the query ids
+that are positive. The fit then goes to <report dir>/pack.yaml (there is no pack file to
+write into).
+
+`--workload NAME` fits a /v1/decide workload temperature from labelled decisions
+(spinf_jobs/calibrate_workload.py).
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ import time
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from contract.protocol import ScoringRequest, ScoringSpec
+from contract.settings import Settings
 from prompt_packs.apply import apply_pack, expand_pack
 from prompt_packs.calibration_fit import ScoredRow, fit_pack, to_pack_calibration
 from prompt_packs.calibration_report import write_report
@@ -35,6 +42,7 @@ from prompt_packs.registry import (
     load_pack,
     write_calibration,
 )
+from spinf_jobs.setting_flags import add_setting_flag, settings_from_args
 
 REPO_ROOT = OFFICIAL_PACKS_DIR.parent
 DEFAULT_REPORTS_DIR = OFFICIAL_PACKS_DIR / "reports"
@@ -45,14 +53,18 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--pack", help="pack id (official or under --packs) or a pack file")
-    source.add_argument("--queries", type=Path, help="a scoring request whose queries to calibrate")
+    source.add_argument("--queries", type=Path, help='{"queries": [...]} (or a scoring request) to calibrate')
+    source.add_argument("--workload", help="fit this /v1/decide workload's temperature from labelled decisions")
+    parser.add_argument("--workloads-file", type=Path, default=None,
+                        help="--workload: JSON object of SPINF_WORKLOADS to merge the fitted temperature into")
     parser.add_argument("--data", type=Path, required=True, help='labelled JSONL: {"id", "text", "labels": [...]}')
-    parser.add_argument("--packs", type=Path, action="append", default=[], help="extra pack folder (repeatable)")
-    parser.add_argument("--model", default=None, help="served model name or HF folder (default: the engine's)")
+    add_setting_flag(parser, "pack_dirs", "--packs", metavar="DIR")
+    add_setting_flag(parser, "default_model", "--model", help="served model name or HF folder to score with",
+                     metavar="NAME")
     parser.add_argument("--max-rows", type=int, default=None, help="score only the first N rows")
     parser.add_argument("--batch-size", type=int, default=8, help="requests per engine call")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                        help="where to score (cuda: bfloat16, the GPU workers' numerics; recorded in the report)")
+    add_setting_flag(parser, "device", help="where to score (cuda: bfloat16, the GPU workers' numerics;"
+                                            " recorded in the report)")
     parser.add_argument("--folds", type=int, default=5, help="cross-fit folds for held-out metrics")
     parser.add_argument("--reports-dir", type=Path, default=DEFAULT_REPORTS_DIR)
     parser.add_argument("--scores", type=Path, default=None,
@@ -64,7 +76,12 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    pack, pack_path = _resolve_pack(args)
+    if args.workload:
+        from spinf_jobs.calibrate_workload import run_workload
+
+        return run_workload(args.workload, args.data, args.reports_dir, args.workloads_file, args.folds)
+    settings = settings_from_args(args)
+    pack, pack_path = _resolve_pack(args, settings)
     rows = read_labelled(args.data, args.max_rows)
     report_dir = args.reports_dir / pack.id
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -73,8 +90,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         by_id = {s.id: s for s in read_scores(args.scores)[0]}
         scored, meta = [by_id[r["id"]] for r in rows if r["id"] in by_id], read_scores(args.scores)[1]
     else:
-        scored, meta = score_rows(pack, rows, model=args.model, batch_size=args.batch_size,
-                                  scores_path=scores_path, device=args.device)
+        scored, meta = score_rows(pack, rows, settings, batch_size=args.batch_size, scores_path=scores_path)
     fit = fit_pack(pack, scored, num_folds=args.folds)
     data_name = _relative(args.data)
     calibration = to_pack_calibration(
@@ -96,23 +112,32 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_pack(args: argparse.Namespace) -> tuple[Pack, Path | None]:
+def _resolve_pack(args: argparse.Namespace, settings: Settings) -> tuple[Pack, Path | None]:
     if args.queries:
-        return pack_from_request(json.loads(args.queries.read_text())), None
+        return pack_from_request(json.loads(args.queries.read_text()), str(args.queries)), None
     candidate = Path(args.pack)
     if candidate.is_file():
         return load_pack(candidate), candidate
-    registry = PackRegistry.load(args.packs)
+    registry = PackRegistry.load(settings.pack_dirs)
     return registry.get(args.pack), registry.sources[args.pack]
 
 
-def pack_from_request(request: dict) -> Pack:
-    """A throwaway pack whose questions are the request's two-option queries."""
-    spec = ScoringRequest.model_validate(request)
+def pack_from_request(request: dict, source: str = "--queries") -> Pack:
+    """A throwaway pack whose questions are the file's two-option queries: `{"queries": [...]}`
+    or a scoring request (`scoring.queries`; its messages are not needed)."""
+    queries = request.get("queries", request.get("scoring", {}).get("queries")) if isinstance(request, dict) else None
+    if not isinstance(queries, list) or not queries:
+        raise SystemExit(f'{source}: give {{"queries": [...]}} (or a scoring request with scoring.queries)')
+    try:
+        spec = ScoringSpec.model_validate({"queries": queries})
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise SystemExit(f"{source}: queries.{where.removeprefix('queries.')}: {first['msg']}") from None
     questions, categories = [], []
-    for query in spec.scoring.queries:
+    for query in spec.queries:
         if len(query.options) != 2 or query.values:
-            raise ValueError(f"queries.{query.id}: calibrate takes two-option queries without values")
+            raise SystemExit(f"{source}: queries.{query.id}: calibrate takes two-option queries without values")
         qid = query.id.replace(":", "-").replace("/", "-").lower()
         questions.append(PackQuestion(id=qid, template=query.template, options=query.options,
                                       positive=[query.options[0]], answer_in=query.answer_in))
@@ -146,24 +171,25 @@ def scored_row(pack: Pack, row: dict, applied: dict) -> ScoredRow:
     return ScoredRow(id=row["id"], labels=row["labels"], questions=questions, choices=choices, orderings=orderings)
 
 
-def score_rows(pack: Pack, rows: list[dict], *, model: str | None, batch_size: int,
-               scores_path: Path, device: str = "cpu") -> tuple[list[ScoredRow], dict]:
-    """Score the rows not yet in `scores_path`, appending each batch as it is done, so an
-    interrupted run resumes where it stopped (the file's model must match)."""
-    from engine.engine import Engine, EngineConfig  # lazy: torch only when scoring
+def score_rows(pack: Pack, rows: list[dict], settings: Settings, *, batch_size: int,
+               scores_path: Path) -> tuple[list[ScoredRow], dict]:
+    """Score the rows not yet in `scores_path` on `settings`' default model and device,
+    appending each batch as it is done, so an interrupted run resumes where it stopped (the
+    file's model must match)."""
+    from workers.engines import engine_for  # lazy: torch only when scoring
 
     done, meta = read_scores(scores_path) if scores_path.exists() else ([], None)
     done_ids = {s.id for s in done}
     todo = [r for r in rows if r["id"] not in done_ids]
     if todo:
-        engine = Engine(EngineConfig(model=model, device=device) if model else EngineConfig(device=device))
+        engine = engine_for(settings.default_model, settings)
         if meta and meta["system_fingerprint"] != engine.system_fingerprint:
             raise RuntimeError(
                 f"{scores_path} was scored by {meta['model']} with fingerprint {meta['system_fingerprint']};"
                 f" this engine is {engine.system_fingerprint}: refit with --scores {scores_path}, or move it"
                 " away to rescore every row")
         meta = meta or {"model": engine.model_name, "system_fingerprint": engine.system_fingerprint,
-                        "device": f"{device} ({engine.dtype_name})", "scoring_seconds": 0.0,
+                        "device": f"{engine.runner.device.type} ({engine.dtype_name})", "scoring_seconds": 0.0,
                         "num_content_tokens": 0}
         if not scores_path.exists():
             scores_path.write_text(json.dumps({"meta": meta}) + "\n", encoding="utf-8")
@@ -179,7 +205,7 @@ def _score_into(engine, pack: Pack, rows: list[dict], batch_size: int, scores_pa
     started = time.time()
     for start in range(0, len(rows), batch_size):
         batch_started = time.time()
-        output = engine.score_batch(requests[start : start + batch_size])
+        output = engine.score_requests(requests[start : start + batch_size])
         lines = []
         num_content_tokens = 0
         for row, response in zip(rows[start : start + batch_size], output.results, strict=True):
@@ -229,7 +255,7 @@ def _relative(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point until `spinf-jobs calibrate` is wired into spinf_jobs.cli."""
+    """`python -m spinf_jobs.calibrate_command ...`: the calibrate command without the top-level CLI."""
     parser = argparse.ArgumentParser(prog="spinf-jobs")
     add_calibrate_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@
     spinf-jobs parity --model NAME     the engine against an independent transformers reference
     spinf-jobs serve | api | worker | demo   the service (spinf_jobs/service_commands.py)
     spinf-jobs calibrate ...           fit a prompt pack's calibration (spinf_jobs/calibrate_command.py)
+    spinf-jobs submit | jobs ...       submit a JSONL file, follow, fetch, cancel, list jobs (spinf_jobs/jobs_commands.py)
 
 The engine (and torch) is imported inside the commands that need it, never at import time.
 """
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import orjson
 
 from spinf_jobs.calibrate_command import add_calibrate_command
+from spinf_jobs.jobs_commands import add_jobs_commands
 from spinf_jobs.service_commands import add_service_commands
-
-DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # engine/loading/model_registry.py holds the same name
+from spinf_jobs.setting_flags import add_setting_flag, settings_from_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,13 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parity(subparsers)
     add_service_commands(subparsers)
     add_calibrate_command(subparsers)
+    add_jobs_commands(subparsers)
     return parser
 
 
+def _add_model_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    add_setting_flag(parser, "default_model", "--model", help=help, metavar="NAME")
+
+
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="served model name or a local HF folder")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="tokens per forward pass")
+    _add_model_flag(parser, "served model name or local HF folder of a request without `model`")
+    add_setting_flag(parser, "device")
+    add_setting_flag(parser, "max_num_batched_tokens", metavar="N")
 
 
 def _add_score(subparsers) -> None:
@@ -57,17 +64,18 @@ def _score(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from contract.protocol import ScoringRequest
-    from engine.engine import Engine, EngineConfig, RequestError
+    from engine import RequestError
+    from workers.engines import engine_for
 
-    raw = sys.stdin.buffer.read() if args.request == "-" else open(args.request, "rb").read()
+    raw = sys.stdin.buffer.read() if args.request == "-" else Path(args.request).read_bytes()
     try:
         request = ScoringRequest.model_validate_json(raw)
     except ValidationError as error:
         print(f"invalid request:\n{error}", file=sys.stderr)
         return 2
-    model = request.model or args.model
-    engine = Engine(EngineConfig(model=model, device=args.device, max_num_batched_tokens=args.max_num_batched_tokens))
-    [result] = engine.score_batch([request.model_copy(update={"model": engine.model_name})]).results
+    settings = settings_from_args(args)
+    engine = engine_for(request.model or settings.default_model, settings)
+    [result] = engine.score_requests([request.model_copy(update={"model": engine.model_name})]).results
     if isinstance(result, RequestError):
         print(f"invalid request: {result.field}: {result.message}", file=sys.stderr)
         return 2
@@ -77,7 +85,7 @@ def _score(args: argparse.Namespace) -> int:
 
 def _add_parity(subparsers) -> None:
     parser = subparsers.add_parser("parity", help="compare the engine with an independent transformers reference")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="served model name or a local HF folder")
+    _add_model_flag(parser, "served model name or local HF folder to check")
     parser.add_argument("--contents", type=int, default=None, help="use only the first N contents")
     parser.add_argument("--leak-sibling", action="store_true", help="negative control: break the tree mask")
     parser.add_argument("--tolerance", type=float, default=1e-3)
@@ -92,7 +100,8 @@ def _parity(args: argparse.Namespace) -> int:
         return _slot_parity(args)
     from engine.checks.parity import run_parity, summarize
 
-    rows = run_parity(args.model, num_contents=args.contents, leak_sibling=args.leak_sibling)
+    model = settings_from_args(args).default_model
+    rows = run_parity(model, num_contents=args.contents, leak_sibling=args.leak_sibling)
     max_logprob, worst = summarize(rows)
     if args.report:
         with open(args.report, "wb") as file:
@@ -108,7 +117,8 @@ def _slot_parity(args: argparse.Namespace) -> int:
 
     decoder = BeamDecoder(max_width=1) if args.greedy else None
     # the reference decodes over transformers' own KV cache (whole re-reads agree to ~4e-6)
-    rows = run_slot_parity(args.model, decoder=decoder, num_contents=args.contents, whole=False)
+    model = settings_from_args(args).default_model
+    rows = run_slot_parity(model, decoder=decoder, num_contents=args.contents, whole=False)
     if args.report:
         with open(args.report, "wb") as file:
             file.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2))

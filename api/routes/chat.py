@@ -48,21 +48,34 @@ class ChatRequest(BaseModel):
     debug: bool = False
 
 
+NO_SCORING = ("scoring: this service scores options; send a `scoring` block or name `packs`"
+              " (OpenAI SDK: extra_body={'scoring': {...}} or extra_body={'packs': [{'id': ...}]})")
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatRequest, key: KeyDep) -> dict:
     """A chat.completion whose `scoring` field is the /v1/score response."""
-    if (body.scoring is None or not body.scoring.queries) and not body.packs:
-        raise ApiError(422, "scoring: this service scores options; send a `scoring` block or name `packs`"
-                       " (OpenAI SDK: extra_body={'scoring': {...}} or extra_body={'packs': [{'id': ...}]})",
-                       param="scoring")
     try:
-        scoring_request = ScoringRequest(
-            model=body.model, messages=[m.to_message() for m in body.messages], scoring=body.scoring or ScoringSpec(),
-            packs=body.packs, debug=body.debug,
-        )
+        scoring_request = chat_scoring_request(body)
     except ValidationError as error:  # e.g. a pack named twice: the same 422 as a malformed body
         raise RequestValidationError(error.errors()) from None
-    response = await score_sync(request, key, scoring_request)
+    if scoring_request is None:
+        raise ApiError(422, NO_SCORING, param="scoring")
+    return completion_body(await score_sync(request, key, scoring_request))
+
+
+def chat_scoring_request(body: ChatRequest) -> ScoringRequest | None:
+    """The scoring request a chat body asks (None: it asks nothing); pydantic's ValidationError when invalid."""
+    if (body.scoring is None or not body.scoring.queries) and not body.packs:
+        return None
+    return ScoringRequest(
+        model=body.model, messages=[m.to_message() for m in body.messages], scoring=body.scoring or ScoringSpec(),
+        packs=body.packs, debug=body.debug,
+    )
+
+
+def completion_body(response: dict) -> dict:
+    """The chat.completion of a scoring response (JSON): the scores under `scoring`, the best options as the message."""
     usage = response["usage"]
     num_prompt_tokens = usage["content_tokens"] + usage["question_tokens"] + usage["option_tokens"]
     return {

@@ -1,6 +1,7 @@
 """Jobs: submit (inline rows or an S3 dataset), status, streamed JSONL results, cancel.
 
     POST /v1/jobs [Idempotency-Key] -> 201 JobView (200 with the same job on a retried key)
+    GET  /v1/jobs?after&limit       -> JobList (the caller's jobs, newest first)
     GET  /v1/jobs/{id}              -> JobView (404 for another key's job)
     GET  /v1/jobs/{id}/results      -> JSONL rows {custom_id, response} | {custom_id, error}
     POST /v1/jobs/{id}/cancel       -> JobView
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
 from api.deps import KeyDep, PacksDep, RedisDep, S3Dep, SettingsDep
@@ -19,12 +20,13 @@ from api.errors import ApiError
 from api.served import resolve_model
 from api.sync_calls import check_packs
 from contract import queues
-from contract.payloads import JobCreate, JobView
+from contract.payloads import JobCreate, JobList, JobView
 from contract.s3_uri import is_allowed, parse_s3_uri
 from contract.settings import ApiKey, Settings
-from jobstore import datasets, records
+from jobstore import datasets, owner_index, records
+from jobstore.lifecycle import cancel, submit_dataset, submit_inline
 from jobstore.s3 import get_bytes
-from jobstore.submit import cancel, new_job_id, submit_dataset, submit_inline
+from jobstore.submit import new_job_id
 
 router = APIRouter()
 
@@ -87,6 +89,18 @@ def _view_or_404(r, job_id: str, key: ApiKey) -> JobView:
     return records.load_view(r, job_id)
 
 
+@router.get("/v1/jobs", response_model=JobList)
+def list_jobs(key: KeyDep, r: RedisDep, settings: SettingsDep, after: str | None = None,
+              limit: int = Query(default=20, ge=1)) -> JobList:
+    """The caller's jobs, newest first (not its /v1/score calls); `after=last_id` pages on."""
+    if limit > settings.max_list_limit:
+        raise ApiError(422, f"limit: at most {settings.max_list_limit}", param="limit")
+    try:
+        return owner_index.list_jobs(r, key.name, after, limit)
+    except owner_index.UnknownCursorError:
+        raise ApiError(422, f"after: no job {after!r} of this key", param="after") from None
+
+
 @router.get("/v1/jobs/{job_id}", response_model=JobView)
 def get_job(job_id: str, key: KeyDep, r: RedisDep) -> JobView:
     """Status, progress (total/done/failed), timestamps and usage."""
@@ -112,7 +126,7 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingRe
     if record.get("output"):
         output = parse_s3_uri(record["output"])
         summaries = records.chunk_summaries(r, job_id)
-        written = [index for index in sorted(summaries) if not summaries[index].get("cancelled")]
+        written = [index for index in sorted(summaries) if not summaries[index].cancelled]
         rows = (get_bytes(s3, datasets.results_uri(output, index)) for index in written)
     else:
         rows = records.iter_inline_results(r, job_id, num_chunks)

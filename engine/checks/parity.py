@@ -1,6 +1,6 @@
 """`spinf-jobs parity`: the engine against an independent transformers reference.
 
-    cases (contents x queries) --Engine.score_batch--> engine numbers
+    cases (contents x queries) --Engine.score_requests--> engine numbers
     cases --transformers, one whole sequence per (content, query, option)--> reference numbers
     compare every logprob, p, floor_p and residual; last line: max_abs_logprob_diff=<x> items=<n>
 
@@ -20,7 +20,7 @@ import orjson
 import torch
 
 from contract.protocol import Query, ScoringRequest, ScoringResponse
-from contract.templates import expand_grid, parse_template
+from contract.templates import expand_grid
 
 CASES_PATH = Path(__file__).resolve().parents[2] / "fixtures" / "parity" / "cases.json"
 TOLERANCE = 1e-3
@@ -103,7 +103,7 @@ def load_cases(has_chat_template: bool, num_contents: int | None = None) -> list
 def reference_scores(reference: Reference, request: ScoringRequest, query: Query) -> list[ReferenceScores]:
     messages = [m.model_dump() for m in request.messages]
     floor_messages = [{**m, "content": ""} if m["role"] == "user" else m for m in messages]
-    parsed = parse_template(query.template)
+    parsed = query.parsed_template
     scores = []
     for values in expand_grid(tuple(query.values), query.values):
         filled = parsed.fill(values)
@@ -153,7 +153,7 @@ def run_parity(
         engine.leak_sibling_for_negative_control()
     reference = Reference(engine.checkpoint_path)
     requests = load_cases(reference.has_chat_template, num_contents)
-    output = engine.score_batch(requests)
+    output = engine.score_requests(requests)
     rows = []
     for request, response in zip(requests, output.results, strict=True):
         if not isinstance(response, ScoringResponse):

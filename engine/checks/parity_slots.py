@@ -1,6 +1,6 @@
 """Slot parity: the engine's extraction answers against transformers decoding the same slots.
 
-    slot cases (contents x slot queries) --Engine.score_batch (decoder under test)--> answers, residual
+    slot cases (contents x slot queries) --Engine.score_requests (decoder under test)--> answers, residual
     the same cases --transformers: its own chat template, tokenizer, forward passes--> next-token
         distributions --the reference BeamDecoder (always full width)--> answers, residual
     per question: the top answers must be the same (by value, in order) with p and residual
@@ -25,7 +25,7 @@ import orjson
 import torch
 
 from contract.protocol import ScoringRequest, ScoringResponse
-from contract.templates import expand_grid, parse_template
+from contract.templates import expand_grid
 from engine.checks.parity import Reference
 from engine.extraction.decoder import BeamDecoder, DecodeState, answers, start_state
 from engine.extraction.slots import SlotVocab, merge_key, slot_spec
@@ -62,7 +62,7 @@ class ReferenceDecoder:
         messages = [m.model_dump() for m in request.messages]
         out = []
         for query in request.scoring.queries:
-            parsed = parse_template(query.template)
+            parsed = query.parsed_template
             for values in expand_grid(tuple(query.values), query.values):
                 prompt = self.reference.render(messages, query.answer_in) + parsed.fill(values)
                 out.append(SlotQuestion(self.reference.encode(prompt), start_state(slot_spec(query))))
@@ -164,7 +164,7 @@ def engine_rows(engine, requests: list[ScoringRequest], expected: list[list[Slot
                 decoder: BeamDecoder) -> list[dict]:
     """Score the requests with `engine`, mode "extract" decoded by `decoder`; compare with `expected`."""
     engine.beam = decoder
-    output = engine.score_batch(requests)
+    output = engine.score_requests(requests)
     rows = []
     for request, response, questions in zip(requests, output.results, expected, strict=True):
         if not isinstance(response, ScoringResponse):

@@ -19,6 +19,7 @@ so its answers do not depend on what else is decoded beside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -41,9 +42,12 @@ from engine.extraction.slots import SlotSpec, SlotVocab
 from engine.layers.decode_attention import DecodeMetadata, DecodeSpan, decode_mask
 from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.pipeline.compiler import slot_branch
-from engine.pipeline.packer import PAD_TOKEN_ID, PackedBatch, pack_trees, padded
-from engine.pipeline.runner import RunnerOutput
+from engine.pipeline.packer import PAD_TOKEN_ID, pack_trees, padded
+from engine.pipeline.runner import ModelRunner
+from engine.pipeline.stages import PackedBatch, RunnerOutput, TokenTree, TreeOwner
 from engine.pipeline.tree import build_tree
+
+PackFn = Callable[[Iterable[tuple[TreeOwner, TokenTree]], int], Iterator[PackedBatch]]  # (items, max_num_tokens) -> passes
 
 
 @dataclass(slots=True)
@@ -82,11 +86,11 @@ class DecodeBatch:
 
 @dataclass(slots=True)
 class Extraction:
-    vocab_fn: object  # () -> SlotVocab, built on first use (it decodes the whole vocabulary)
+    vocab_fn: Callable[[], SlotVocab]  # the vocabulary, built on first use (it decodes every token)
     beam: BeamDecoder  # the mode-"extract" decoder (parity swaps in a greedy one as its control)
-    floor_prompt: object = None  # (SlotJob) -> token ids of its prompt with user contents emptied
-    pack: object = pack_trees  # (items, max_num_tokens) -> batches, packed as the engine packs its passes
-    jobs: list[SlotJob] = field(default_factory=list)
+    floor_prompt: Callable[[SlotJob], list[int]] | None = None  # token ids of a job's prompt, user contents emptied
+    pack: PackFn = pack_trees  # packs the slot floors' trees as the engine packs its passes
+    jobs: list[SlotJob] = field(default_factory=list)  # one per slot read, in the order read
 
     def collect(self, batch: PackedBatch, output: RunnerOutput) -> None:
         """Start a job for every slot read in this pass; take its first step from the read."""
@@ -103,16 +107,17 @@ class Extraction:
             _first_step(jobs, output.slot_logprobs, self.vocab_fn())
             self.jobs += jobs.values()
 
-    def run(self, runner, max_num_rows: int) -> None:
+    def run(self, runner: ModelRunner, max_num_rows: int) -> None:
         """Decoding passes until every slot is finished; then the floors the slots asked for."""
         _decode(self.jobs, runner, max_num_rows, self.vocab_fn() if self.jobs else None)
         self._floors(runner, max_num_rows)
 
-    def _floors(self, runner, max_num_rows: int) -> None:
+    def _floors(self, runner: ModelRunner, max_num_rows: int) -> None:
         """Each `floor` slot's floor prompt is read as a slot of its own tree (batch invariant,
         as a slot), then the listed answers' paths are fed through it (ForcedDecoder)."""
         asked = [job for job in self.jobs if job.spec.floor]
-        items = []
+        items: list[tuple[TreeOwner, TokenTree]] = []
+        floors: list[tuple[SlotJob, list[tuple[int, ...]]]] = []  # TreeOwner.slot_floor -> (job, its paths)
         for job in asked:
             job.floor_logprobs = {}
             listed, _ = answers(job.state)
@@ -120,7 +125,8 @@ class Extraction:
             if paths:
                 branch = slot_branch(job.query_index, job.combination_index, job.values, "", self.floor_prompt(job),
                                      job.spec)
-                items.append(((job, paths), build_tree([branch])))
+                items.append((TreeOwner(job.request_index, slot_floor=len(floors)), build_tree([branch])))
+                floors.append((job, paths))
         if not items:
             return
         vocab = self.vocab_fn()
@@ -128,7 +134,7 @@ class Extraction:
         for batch, output in runner.run_all(self.pack(items, max_num_rows)):
             started: dict[int, SlotJob] = {}  # row of output.slot_logprobs -> the floor's forced job
             for packed in batch.trees:
-                job, paths = packed.owner
+                job, paths = floors[packed.owner.slot_floor]
                 state = DecodeState(job.spec, [Hypothesis([], 0.0, "")])
                 started[packed.slot_start] = SlotJob(
                     job.request_index, job.query_index, job.combination_index, job.spec,
@@ -154,7 +160,7 @@ def _first_step(jobs: dict[int, SlotJob], slot_logprobs: torch.Tensor, vocab: Sl
         job.decoder.advance(job.state, [candidates[row]], vocab)
 
 
-def _decode(jobs: list[SlotJob], runner, max_num_rows: int, vocab: SlotVocab | None) -> None:
+def _decode(jobs: list[SlotJob], runner: ModelRunner, max_num_rows: int, vocab: SlotVocab | None) -> None:
     """Decoding passes over the jobs' kept K/V until every one is done."""
     store = KVStore()  # the jobs' K/V while they are decoded
     while True:

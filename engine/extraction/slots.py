@@ -20,7 +20,7 @@ import regex
 import torch
 
 from contract.protocol import Query
-from contract.templates import MONEY_SLOT, NUMBER_SLOT, TEXT_SLOT, parse_template
+from contract.templates import MONEY_SLOT, NUMBER_SLOT, TEXT_SLOT
 from engine.pipeline.prompts import PromptError
 
 # A number as written in text: optional leading space and sign, digits with optional
@@ -62,7 +62,7 @@ class SlotSpec:
 
 
 def slot_spec(query: Query) -> SlotSpec:
-    parsed = parse_template(query.template)
+    parsed = query.parsed_template
     return SlotSpec(parsed.slot, parsed.tail, query.mode, query.beam_width, query.num_max_tokens,
                     query.seed, query.temperature, query.floor)
 

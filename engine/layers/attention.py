@@ -17,10 +17,17 @@ keeps the slots' prompt K/V per layer; on a decoding pass `meta.decode` replaces
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from engine.extraction.kv_cache import KVCapture
+from engine.layers.decode_attention import DecodeMetadata
+
+if TYPE_CHECKING:  # a type only: importing it loads flex_attention, which CPU passes never use
+    from engine.layers.attention_cuda import TreeBlockMasks
 
 
 @dataclass(slots=True)
@@ -40,9 +47,9 @@ class TreeSpan:
 @dataclass(slots=True)
 class AttentionMetadata:
     spans: list[TreeSpan]  # one per tree, in stream order, covering the whole stream
-    block_mask: object | None = None  # flex_attention BlockMask on CUDA, None on CPU
-    capture: object | None = None  # kv_cache.KVCapture: keep the slots' prompt K/V (packed pass)
-    decode: object | None = None  # kv_cache.DecodeMetadata: a decoding pass over kept K/V
+    block_mask: TreeBlockMasks | None = None  # CUDA: the flex_attention block masks of the spans; None on CPU
+    capture: KVCapture | None = None  # a packed pass with slots: keep their prompt K/V
+    decode: DecodeMetadata | None = None  # a decoding pass over kept K/V (replaces the spans)
 
 
 def span_mask(span: TreeSpan, sliding_window: int | None) -> torch.Tensor:

@@ -44,7 +44,7 @@ BUCKET = 2048  # the stream is padded to a multiple of this (one compiled kernel
 # larger than BLOCK_SIZE would mix tokens of neighbouring contents in one reduction order.
 # USE_TMA (Hopper's bulk tensor copies for the q/k/v tiles): 1.18 -> 1.04 ms per full-attention
 # layer, 1.36 -> 1.12 ms sliding, outputs bit-identical on the news masks (benchmarks/flex_options.py,
-# results/2026-12-01-flex-options-h200.json); num_stages 3 does not fit in shared memory.
+# benchmarks/results/flex-options-gemma-3-12b.json); num_stages 3 does not fit in shared memory.
 KERNEL_OPTIONS = {"BLOCK_M": BLOCK_SIZE, "BLOCK_N": BLOCK_SIZE, "num_warps": 4, "num_stages": 2, "USE_TMA": True}
 
 _compiled_flex = None

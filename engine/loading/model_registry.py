@@ -15,7 +15,10 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract import settings
+
 MODELS_EXTRA_INSTALL = "pip install 'spinf-jobs[models]'"
+DEFAULT_MODEL = settings.DEFAULT_MODEL  # served to requests without `model`; named once, in contract/settings.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,6 @@ REGISTRY: dict[str, RegistryModel] = {
         ),
     )
 }
-DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
 
 class ModelPartsMissing(RuntimeError):

@@ -1,6 +1,7 @@
 """Compile a scoring request into branches of whole-string token sequences.
 
-    ScoringRequest --compile_request--> CompiledRequest(branches=[Branch per (query, combination)])
+    ScoringRequest --compile_request--> CompiledRequest(branches=[Branch per (query, combination)],
+        tree=build_tree(branches))
 
 For every (query, combination) the prompt is prefix + filled template, and every option is
 scored on `tokenizer(prompt + option)`: the tokens of the whole string, never the
@@ -16,55 +17,20 @@ token: the read keeps its K/V and its next-token distribution, and decoding star
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import NamedTuple
-
 from contract.protocol import Query, ScoringRequest
-from contract.templates import OPTION_SLOT, expand_grid, parse_template
+from contract.templates import OPTION_SLOT, expand_grid
 from engine.extraction.slots import SlotSpec, slot_spec
 from engine.pipeline.prompts import PromptError, PromptRenderer
+from engine.pipeline.stages import Branch, CompiledRequest, FloorKey
 from engine.pipeline.tokenize import Tokenize
+from engine.pipeline.tree import build_tree
+from prompt_packs.format import Pack
 
 
-class FloorKey(NamedTuple):
-    """What a floor depends on (the fingerprint is the cache's own). A named tuple: hashed and
-    compared in C, since every batch looks up each request's keys (news: 1,344 lookups)."""
-
-    empty_prefix: str  # the rendered prefix with user contents emptied
-    answer_in: str
-    filled_template: str
-    options: tuple[str, ...]
-
-
-@dataclass(slots=True)
-class Branch:
-    """One (query, combination): the sequences scored for its options."""
-
-    query_index: int
-    combination_index: int
-    values: dict[str, str]
-    prompt_text: str  # prefix + filled template (the text before the options)
-    option_ids: list[list[int]]  # whole-string tokens of prompt + option, per option
-    branch_point: int  # tokens shared by the prompt and every prompt + option
-    floor_key: FloorKey | None  # None for a floor branch itself, and for a slot
-    slot: SlotSpec | None = None  # an extraction slot: option_ids holds only the prompt
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.branch_point
-
-
-@dataclass(slots=True)
-class CompiledRequest:
-    request: ScoringRequest
-    branches: list[Branch]
-    max_num_tokens: int  # the longest whole sequence (for the model's context limit)
-    floor_keys: list[FloorKey] = field(default_factory=list)  # distinct, in first-use order
-    packs: list = field(default_factory=list)  # the named packs (spinf_jobs Pack), whose queries `request` holds
-    tree: object | None = None  # tree.TokenTree of `branches` once built (Engine.count_tokens), reused to pack
-
-
-def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize) -> CompiledRequest:
+def compile_request(
+    request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize, packs: list[Pack] | None = None
+) -> CompiledRequest:
+    """`request` with its packs' questions already appended (pack_requests.expand_request); `packs`: those packs."""
     prefixes: dict[tuple[str, bool], str] = {}
 
     def prefix(answer_in: str, is_floor: bool) -> str:
@@ -97,7 +63,7 @@ def compile_request(request: ScoringRequest, renderer: PromptRenderer, tokenize:
                 branches.append(make_branch(q, c, values, content + filled, ids, key))
     branches.sort(key=lambda b: (b.query_index, b.combination_index))
     max_num_tokens = max(len(ids) + (b.slot.max_tokens if b.slot else 0) for b in branches for ids in b.option_ids)
-    return CompiledRequest(request, branches, max_num_tokens, list(floor_keys))
+    return CompiledRequest(request, branches, build_tree(branches), max_num_tokens, list(floor_keys), packs or [])
 
 
 def compile_floor(key: FloorKey, tokenize: Tokenize) -> Branch:
@@ -135,7 +101,7 @@ def slot_branch(
 
 
 def _combinations(query: Query):
-    parsed = parse_template(query.template)
+    parsed = query.parsed_template
     # the grid follows the order of `values` in the request (last name varies fastest)
     for index, values in enumerate(expand_grid(tuple(query.values), query.values)):
         yield index, values, parsed.fill(values)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from engine.pipeline.compiler import FloorKey
+from engine.pipeline.stages import FloorKey
 
 DEFAULT_FLOOR_CACHE_SIZE = 4096
 

@@ -1,6 +1,7 @@
 """Pack many token trees into flat streams under a token budget (pure CPU).
 
-    [(owner, TokenTree)] --pack_trees--> [PackedBatch(input_ids, positions, attention, scored_*)]
+    [(TreeOwner, TokenTree)] --pack_trees--> [PackedBatch(input_ids, positions, attention, scored_*)]
+                                             (engine/pipeline/stages.py)
 
 Each tree starts at a multiple of ROW_CHUNK and is padded to one, so its rows meet the
 same fixed-shape matmuls wherever it sits (batch invariance). Positions are node depths.
@@ -14,7 +15,6 @@ whole distribution is read) and ask the pass to keep their prompt paths' K/V (KV
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,52 +22,25 @@ import torch
 from engine.extraction.kv_cache import KVCapture
 from engine.layers.attention import AttentionMetadata, TreeSpan
 from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK
-from engine.pipeline.compiler import Branch
-from engine.pipeline.tree import TokenTree, build_tree
+from engine.pipeline.stages import Branch, PackedBatch, PackedTree, TokenTree, TreeOwner
+from engine.pipeline.tree import build_tree
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 PAD_TOKEN_ID = 0
-
-
-@dataclass(slots=True)
-class PackedTree:
-    owner: object  # the engine's bookkeeping for this tree (opaque here)
-    tree: TokenTree
-    start: int  # first row of the tree in the stream
-    score_start: int  # first of its scored rows in `scored_index`
-    slot_start: int = 0  # its first slot in the batch's slots (`slot_index`, the capture)
-
-
-@dataclass(slots=True)
-class PackedBatch:
-    trees: list[PackedTree]
-    input_ids: torch.Tensor  # [T] long, T a multiple of ROW_CHUNK
-    positions: torch.Tensor  # [T] long, node depth (pads 0)
-    attention: AttentionMetadata  # one span per tree
-    scored_index: torch.Tensor  # [S] long rows whose next-token logits are read
-    scored_targets: torch.Tensor  # [S] long tokens read there (pads: 0)
-    num_real_tokens: int  # tokens that are not padding
-    slot_index: torch.Tensor | None = None  # [R] long: entries of `scored_index` read as whole distributions
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
 
 
 def padded(num: int, multiple: int) -> int:
     return -(-num // multiple) * multiple
 
 
-def split_tree(branches: list[Branch], max_num_tokens: int, whole: TokenTree | None = None) -> list[TokenTree]:
-    """The branches' tree, or, when it is over the budget, trees of groups of branches that
-    each fit (a group holds at least one branch; each re-reads the trunk). `whole`: the
-    branches' tree if already built."""
-    whole = whole or build_tree(branches)
+def split_tree(whole: TokenTree, max_num_tokens: int) -> list[TokenTree]:
+    """The tree, or, when it is over the budget, trees of groups of its branches that each
+    fit (a group holds at least one branch; each re-reads the trunk)."""
     if padded(whole.num_tokens, ROW_CHUNK) <= max_num_tokens:
         return [whole]
     groups: list[list[Branch]] = [[]]
     group_size = whole.num_trunk_tokens
-    for branch in branches:
+    for branch in whole.branches:
         extra = build_tree([branch]).num_tokens - whole.num_trunk_tokens
         if groups[-1] and padded(group_size + extra, ROW_CHUNK) > max_num_tokens:
             groups.append([])
@@ -78,7 +51,7 @@ def split_tree(branches: list[Branch], max_num_tokens: int, whole: TokenTree | N
 
 
 def pack_trees(
-    items: Iterable[tuple[object, TokenTree]], max_num_tokens: int, mask_fn=None, first_max_num_tokens: int | None = None,
+    items: Iterable[tuple[TreeOwner, TokenTree]], max_num_tokens: int, mask_fn=None, first_max_num_tokens: int | None = None,
     dense_masks: bool = True,
 ) -> Iterator[PackedBatch]:
     """Greedy in order: a tree that does not fit the current pass opens the next one.
@@ -86,7 +59,7 @@ def pack_trees(
     `first_max_num_tokens` caps the first pass only: a small first pass starts the device
     while the next, full pass is still being packed (nothing else overlaps the first packing).
     `dense_masks=False` (CUDA): tree spans carry only their subtree ends, no [n, n] mask."""
-    group: list[tuple[object, TokenTree]] = []
+    group: list[tuple[TreeOwner, TokenTree]] = []
     used = 0
     limit = min(max_num_tokens, first_max_num_tokens or max_num_tokens)
     for owner, tree in items:
@@ -100,7 +73,7 @@ def pack_trees(
         yield prepare_batch(group, mask_fn or tree_mask, dense_masks)
 
 
-def prepare_batch(items: list[tuple[object, TokenTree]], mask_fn=None, dense_masks: bool = True) -> PackedBatch:
+def prepare_batch(items: list[tuple[TreeOwner, TokenTree]], mask_fn=None, dense_masks: bool = True) -> PackedBatch:
     mask_fn = mask_fn or tree_mask
     input_ids: list[int] = []
     positions: list[int] = []

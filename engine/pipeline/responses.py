@@ -1,16 +1,23 @@
 """Collect pass outputs per request and build the scoring responses.
 
+    [CompiledRequest | RequestError] + FloorCache --ResponseBuilder--> the floors still to read
     (PackedBatch, RunnerOutput)* --collect--> logprobs per (request, query, combination)
         + floors (cache) --> a request's response as soon as it is complete
         --finish--> BatchOutput(results, pass_ids) (the rest built here: slots, the last pass)
     decoded SlotJobs (engine/extraction/decoding.py) --collect_slots--> answers per (request, query, combination)
+
+The builder knows the engine only through what it is given: the floor cache (read here,
+filled as floors are read), the served model name and fingerprint (written into every
+response) and the tokenizer (the token strings of `debug`).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from contract.probability import reweight
 from contract.protocol import (
     Combination,
     CombinationDebug,
@@ -22,20 +29,40 @@ from contract.protocol import (
     Usage,
 )
 from engine.extraction.decoder import answers, floor_p
-from engine.pipeline.compiler import Branch, CompiledRequest, FloorKey
+from engine.extraction.decoding import SlotJob
+from engine.pipeline.floors import FloorCache
 from engine.pipeline.pack_requests import split_response
-from engine.pipeline.packer import PackedBatch
-from engine.pipeline.runner import RunnerOutput
 from engine.pipeline.scorer import normalise, option_logprobs, residual
+from engine.pipeline.stages import (
+    BatchOutput,
+    Branch,
+    CompiledRequest,
+    FloorKey,
+    PackedBatch,
+    RequestError,
+    RunnerOutput,
+)
 
-if TYPE_CHECKING:
-    from engine.engine import Engine, RequestError
+if TYPE_CHECKING:  # a type only (transformers is loaded by engine/loading, not here)
+    from transformers import PreTrainedTokenizerBase
 
 
 class ResponseBuilder:
-    def __init__(self, engine: Engine, compiled: list[CompiledRequest | RequestError]) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        compiled: list[CompiledRequest | RequestError],
+        floor_cache: FloorCache,
+        model_name: str,
+        system_fingerprint: str,
+        tokenizer: PreTrainedTokenizerBase,
+        on_done: Callable[[int], None] | None = None,
+    ) -> None:
         self.compiled = compiled
+        self.floor_cache = floor_cache  # the engine's: floors read in this batch are put in it
+        self.model_name = model_name
+        self.system_fingerprint = system_fingerprint
+        self.tokenizer = tokenizer
+        self.on_done = on_done  # told each request index whose response is built early
         self.logprobs: dict[tuple[int, int, int], list[float]] = {}  # (request, query, combination)
         self.pass_ids: list[set[int]] = [set() for _ in compiled]
         self.usage = [Usage() for _ in compiled]
@@ -46,7 +73,7 @@ class ResponseBuilder:
         for index, request in enumerate(compiled):
             if isinstance(request, CompiledRequest):
                 for key in request.floor_keys:
-                    cached = engine.floors.get(key)
+                    cached = floor_cache.get(key)
                     if cached is not None:
                         self.floor_p[key] = cached
                         self.usage[index].floors_cached += 1
@@ -78,6 +105,8 @@ class ResponseBuilder:
                 for branch in request.branches
             ):
                 self._done[index] = self._response(index, request)
+                if self.on_done is not None:
+                    self.on_done(index)
 
     def _collect_trees(self, batch: PackedBatch, output: RunnerOutput) -> None:
         for packed in batch.trees:
@@ -86,7 +115,7 @@ class ResponseBuilder:
             tree = packed.tree
             if owner.floor_key is not None:
                 self.floor_p[owner.floor_key] = tuple(normalise(sums[0]))
-                self.engine.floors.put(owner.floor_key, self.floor_p[owner.floor_key])
+                self.floor_cache.put(owner.floor_key, self.floor_p[owner.floor_key])
                 user = self._floor_first_user[owner.floor_key]
                 self.usage[user].floor_tokens += tree.num_tokens
                 continue
@@ -99,7 +128,7 @@ class ResponseBuilder:
             for branch, branch_sums in zip(tree.branches, sums, strict=True):
                 self.logprobs[index, branch.query_index, branch.combination_index] = branch_sums
 
-    def collect_slots(self, jobs) -> None:
+    def collect_slots(self, jobs: list[SlotJob]) -> None:
         """Answers and residual of every decoded slot; its decoding passes count for its request."""
         for job in jobs:
             listed, residual = answers(job.state)
@@ -112,9 +141,7 @@ class ResponseBuilder:
             self.usage[job.request_index].floor_tokens += job.num_floor_tokens
             self.pass_ids[job.request_index].update(job.pass_ids)
 
-    def finish(self):
-        from engine.engine import BatchOutput
-
+    def finish(self) -> BatchOutput:
         results = [
             request if not isinstance(request, CompiledRequest) else self._done.get(index) or self._response(index, request)
             for index, request in enumerate(self.compiled)
@@ -123,31 +150,35 @@ class ResponseBuilder:
 
     def _response(self, index: int, compiled: CompiledRequest) -> ScoringResponse:
         request = compiled.request
-        results = [QueryResult(id=query.id, combinations=[]) for query in request.scoring.queries]
+        results = [QueryResult(id=query.id, combinations=[], calibrate=query.calibrate)
+                   for query in request.scoring.queries]
         for branch in compiled.branches:
             key = (index, branch.query_index, branch.combination_index)
             if branch.slot is not None:
                 combination = self._slot_combination(branch, *self.slot_answers[key], request.debug)
             else:
-                combination = self._combination(branch, self.logprobs[key], request.debug)
+                calibrate = request.scoring.queries[branch.query_index].calibrate
+                combination = self._combination(branch, self.logprobs[key], request.debug, calibrate)
             results[branch.query_index].combinations.append(combination)
         own, packs = split_response(results, compiled.packs)
         return ScoringResponse(
-            id=response_id(self.engine.system_fingerprint, request.model_dump_json()),
-            model=self.engine.model_name,
-            system_fingerprint=self.engine.system_fingerprint,
+            id=response_id(self.system_fingerprint, request.model_dump_json()),
+            model=self.model_name,
+            system_fingerprint=self.system_fingerprint,
             results=own,
             usage=self.usage[index],
             packs=packs,
         )
 
-    def _combination(self, branch: Branch, logprobs: list[float], debug: bool) -> Combination:
+    def _combination(self, branch: Branch, logprobs: list[float], debug: bool,
+                     calibrate: str | None = None) -> Combination:
         query_options = list(branch.floor_key.options)
         p = normalise(logprobs)
         floor_p = self.floor_p[branch.floor_key]
+        contextual = reweight(p, floor_p) if calibrate == "contextual" else [None] * len(p)
         options = [
-            OptionScore(text=text, logprob=lp, p=pi, floor_p=fp)
-            for text, lp, pi, fp in zip(query_options, logprobs, p, floor_p, strict=True)
+            OptionScore(text=text, logprob=lp, p=pi, floor_p=fp, contextual_p=cp)
+            for text, lp, pi, fp, cp in zip(query_options, logprobs, p, floor_p, contextual, strict=True)
         ]
         return Combination(
             values=branch.values,
@@ -164,7 +195,7 @@ class ResponseBuilder:
                            debug=debug_info if debug else None)
 
     def _debug(self, branch: Branch, texts: list[str]) -> CombinationDebug:
-        tokenizer = self.engine.tokenizer
+        tokenizer = self.tokenizer
         options = []
         for text, ids in zip(texts, branch.option_ids, strict=True):
             scored = ids[branch.branch_point :]

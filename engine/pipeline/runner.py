@@ -16,29 +16,25 @@ of their prompts (kept for decoding); `decode` runs a decoding pass over that K/
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from engine.extraction.kv_cache import SlotKV
 from engine.kernels.logprobs import option_logprobs, row_logsumexp
 from engine.layers.attention import AttentionMetadata
 from engine.layers.ops import SCORE_CHUNK, to_device
-from engine.pipeline.packer import PackedBatch
+from engine.pipeline.stages import PackedBatch, RunnerOutput
 
-
-@dataclass(slots=True)
-class RunnerOutput:
-    pass_id: int  # engine-global counter of forward passes
-    target_logprobs: torch.Tensor  # [S] float32 on CPU: log P(target token | row)
-    slot_logprobs: torch.Tensor | None = None  # [R, V] float32 on CPU: next-token log-probs per slot
-    slot_kv: list[SlotKV] = field(default_factory=list)  # [R] each slot's prompt K/V (on the device)
+if TYPE_CHECKING:  # types only: extraction drives this runner (engine/extraction/decoding.py imports it)
+    from engine.extraction.decoder import Candidates
+    from engine.extraction.decoding import DecodeBatch
 
 
 @dataclass(slots=True)
 class _Launched:
     output: RunnerOutput  # host tensors that fill in when `done` fires
-    done: object | None  # a CUDA event recorded after the copies (None on CPU)
+    done: torch.cuda.Event | None  # recorded after the copies (None on CPU)
 
     def wait(self, while_waiting: Callable[[], bool] | None = None) -> RunnerOutput:
         """The pass's outputs. Until the pass is done, `while_waiting()` (a short piece of host
@@ -58,7 +54,7 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     return host.copy_(tensor, non_blocking=True)
 
 
-def _record_event(device: torch.device):
+def _record_event(device: torch.device) -> torch.cuda.Event | None:
     if device.type != "cuda":
         return None
     event = torch.cuda.Event()
@@ -114,8 +110,8 @@ class ModelRunner:
         return _Launched(output, _record_event(self.device))
 
     @torch.inference_mode()
-    def decode(self, batch) -> list:
-        """One decoding pass (engine/extraction.DecodeBatch) -> per scored row, the Candidates
+    def decode(self, batch: DecodeBatch) -> list[Candidates | None]:
+        """One decoding pass (engine/extraction/decoding.py) -> per scored row, the Candidates
         its hypothesis asked for (None for padding). The log-softmax ([S, V], row by row as in
         `chunked_log_softmax`), the masks and the top-k stay on the device: only [S, k]
         log-probs and ids, END masses and sampled rows reach the host (engine/decoder.select)."""

@@ -1,11 +1,13 @@
 """Turn the scored tokens' log-probabilities into option scores.
 
     RunnerOutput.target_logprobs + PackedTree --option_logprobs--> [branch][option] logprob
-    logprobs (+ floor p) --score_options--> p, floor_p, residual
+    [option] logprob --normalise--> p        --residual--> residual   (contract/probability.py)
 
 logprob = sum of an option's token log-probabilities after the branch point;
 p = exp(logprob) normalised over the query's options (a softmax of the logprobs);
 residual = max(0, 1 - sum exp(logprob)): the probability of continuing with none of them.
+floor_p is `normalise` of the floor tree's logprobs (its user contents emptied), kept per
+FloorKey by engine/pipeline/floors.py; engine/pipeline/responses.py puts the four together.
 Sums run in float64, token by token in sequence order, so they do not depend on the pass.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from contract.probability import normalise, residual  # noqa: F401 (the scorer's API)
-from engine.pipeline.packer import PackedTree
+from engine.pipeline.stages import PackedTree
 
 
 def option_logprobs(tree: PackedTree, target_logprobs: torch.Tensor) -> list[list[float]]:

@@ -13,61 +13,13 @@
 The engine scores exactly `tokenizer(prefix + suffix)`: tokenizers merge across the
 boundary, so separately tokenized parts are not enough. But an appended suffix can only
 change tokens near the end of the prefix, so the long prefix (a ~500-token article) is
-tokenized once and only a short tail of it is tokenized again with each suffix.
+tokenized once and only a short tail of it is tokenized again with each suffix; and the
+question suffixes that follow every content are cut once each, their tails kept.
 
-Why the result is exact. A HF fast tokenizer (1) splits the text at added tokens (matched
-leftmost-longest on the raw text), (2) normalises each remaining segment, (3) cuts it into
-chunks (the pre-tokenizer), (4) runs BPE on each chunk alone, (5) puts special tokens
-around (post-processor). A cut at char c is used only when the chunks before c are the
-same in `prefix` and in `prefix + suffix` for EVERY suffix and c starts a chunk in both:
-  - added tokens: c is at least `min_tail_chars` (longer than any added token) before the
-    end, so no match that starts before c can reach the suffix (leftmost-longest keeps
-    every earlier decision); a cut next to an added token is a segment boundary;
-  - regex pre-tokenizers (Qwen2/2.5/3's Split regex + ByteLevel, Llama-3's, GPT-2's
-    ByteLevel regex used by SmolLM2): the regexes have no lookbehind, and the match at a
-    position looks at most one char past its end, except whitespace alternatives, which
-    look to the end of the whitespace run plus one. So if c is a chunk boundary (word ids
-    change), at least one letter or digit follows c+1 inside the same segment (or an added
-    token closes the segment before the end), every match ending at or before c saw only
-    prefix chars: it is the same with any suffix, and matching restarts at c exactly as it
-    does on `prefix[c:] + suffix`. NFC (Qwen's normaliser in transformers 5) composes a
-    char only with what follows it, never across an ASCII char: mid-segment cuts are made
-    only before ASCII, so a suffix that starts with a combining mark is no problem (it is
-    in the tail, with the chars it composes with);
-  - Gemma-3 (" " -> "▁", then BPE over each whole segment, no pre-tokenizer): a BPE merge
-    only ever makes a vocab token, so a boundary between chars x and "▁" can never be
-    merged over when no vocab token contains x + "▁" (in Gemma's 262k vocab only ">" ever
-    precedes an inner "▁"); both sides then merge independently. The cut is before a "▁"
-    that follows such an x (a single-char token, so no byte fallback is involved).
-Any other tokenizer (another normaliser or pre-tokenizer, BPE dropout, a post-processor
-that appends tokens, added tokens that strip spaces) always gets whole-string tokenization.
-Every cut is also checked at run time: `tokenizer(prefix[c:])` must give `prefix_ids[k:]`,
-else whole strings. Special tokens (Gemma's BOS without a chat template) go on the head only.
-
-Suffix cuts: the question templates follow every content, so a suffix is also cut, at the
-first char p where NO text before it can change the tokens from p on (the junction rule),
-and suffix[p:] is tokenized once and kept. Each content then tokenizes only its prefix tail
-plus the junction suffix[:p] (news and moderation: two newlines, shared by every question), with
-the char at p appended as a sentinel, and keeps the tokens that start before p:
-  - regex pre-tokenizers: suffix[p-1] is a line break (CR or LF) and suffix[p] is ASCII, not
-    whitespace. No alternative of the three regexes matches a newline followed by a
-    non-whitespace char (the newline alternatives end at the newline run, the punctuation one
-    takes newlines only at its end, the letter one may not start with a newline), so every
-    chunk ends at p whatever came before, and matching restarts at p (no lookbehind). The
-    sentinel keeps the chunk before p as the whole string has it: GPT-2's "whitespace not followed by
-    a non-space" alternative ends a run differently at the end of the text (or of a segment:
-    hence no cut where an added token starts, below). NFC composes nothing across a line break.
-  - Gemma (BPE over whole segments): no vocab token holds the pair suffix[p-1] + suffix[p]
-    (" " read as "▁"), and both are single-char tokens (no byte fallback): no merge can ever
-    join the two sides, so each merges as it would alone.
-  - added tokens are matched on the raw text first: a cut is refused when some added token
-    could start before p and end after it (a proper tail of it begins suffix[p:]), or starts
-    at p (then the segment before p ends there in the whole string, but not in the
-    junction's, where the sentinel is a plain char).
-Every suffix cut is also checked once: with an empty prefix the parts must give
-`tokenizer(suffix)`, else that suffix is tokenized with each prefix tail as before. A prefix
-too short to cut (a short message) is all tail: it is tokenized once with each junction, and
-the lead special tokens go in front, as the post-processor puts them (checked in cut_rules).
+Why each cut gives the whole string's tokens (added tokens, the regex pre-tokenizers of
+Qwen2/2.5/3, Llama-3 and GPT-2, Gemma-3's whole-segment BPE), the checks made at run time and
+the tests: docs/tokenization.md. Any other tokenizer, or a failed check, gets whole-string
+tokenization.
 """
 
 from __future__ import annotations
@@ -81,7 +33,7 @@ MIN_TAIL_CHARS = 16  # the prefix tail tokenized again with every suffix is at l
 MAX_NUM_CANDIDATES = 64  # tokens tried, back from the end, before giving up on a cut
 MAX_NUM_SUFFIX_CUTS = 16384  # distinct suffixes whose cut and tail ids are kept (oldest dropped)
 SPACE_PIECE = "\u2581"  # SentencePiece's "▁": Gemma's normaliser writes it for " "
-# The pre-tokenizer regexes whose chunk boundaries are known to be stable (see above).
+# The pre-tokenizer regexes whose chunk boundaries are known to be stable (docs/tokenization.md).
 QWEN2_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -92,7 +44,7 @@ KNOWN_SPLIT_REGEXES = frozenset({QWEN2_REGEX, LLAMA3_REGEX})
 
 @dataclass(frozen=True, slots=True)
 class CutRules:
-    """Where this tokenizer can be cut (the module docstring says why each rule is exact)."""
+    """Where this tokenizer can be cut (docs/tokenization.md says why each rule is exact)."""
 
     is_regex: bool  # chunks from a known regex; else BPE over whole segments (Gemma-3)
     is_nfc: bool  # NFC normaliser: a mid-segment cut only before an ASCII char
@@ -117,7 +69,7 @@ class CutRules:
 
     def is_junction(self, text: str, p: int) -> bool:
         """Can `text` be cut before char p (0 < p < len) whatever is put before it? (The
-        module docstring has the rules.)"""
+        rules: docs/tokenization.md.)"""
         before, at = text[p - 1], text[p]
         if self.is_regex:
             is_free = before in "\r\n" and at.isascii() and not at.isspace()

@@ -1,6 +1,7 @@
 """Merge a content's branches into one token tree (a trie of whole-string sequences).
 
     list[Branch] --build_tree--> TokenTree(token_ids, parents, depths, subtree_end, scored_*)
+                                 (engine/pipeline/stages.py)
 
 The rendered content is the trunk every sequence shares; each (query, combination) is a
 branch, each option a leaf; sequences that share a prefix share its nodes. Nodes are
@@ -15,41 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.pipeline.compiler import Branch
-
-
-@dataclass(slots=True)
-class TokenTree:
-    branches: list[Branch]  # what the tree answers, in order
-    token_ids: list[int]  # [n] node tokens; a parent always comes before its children
-    parents: list[int]  # [n] parent node, -1 for the first token
-    depths: list[int]  # [n] position in the whole sequence (RoPE position)
-    subtree_end: list[int]  # [n] one past the node's last descendant: nodes are in preorder, so
-    # node j sees node i (i is j's ancestor or j itself) exactly when i <= j < subtree_end[i]
-    scored_nodes: list[int]  # [s] nodes whose next-token distribution is read
-    scored_targets: list[int]  # [s] the token read there
-    scored_branch: list[int]  # [s] branch index (into `branches`)
-    scored_option: list[int]  # [s] option index within that branch
-    slot_nodes: list[int]  # last prompt node of each extraction slot: its full distribution is read
-    slot_branch: list[int]  # branch index of each slot node
-    num_trunk_tokens: int  # nodes shared by every sequence
-    num_question_tokens: int  # other nodes before some branch point
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def num_option_tokens(self) -> int:
-        return self.num_tokens - self.num_trunk_tokens - self.num_question_tokens
-
-    def path_to(self, node: int) -> list[int]:
-        """The node's ancestors and itself, root first (a slot's prompt, as tree nodes)."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+from engine.pipeline.stages import Branch, TokenTree
 
 
 @dataclass(slots=True)

@@ -8,7 +8,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_api_and_spinf_jobs_do_not_import_torch():
-    code = ("import sys; import api.app, api.routes.jobs, jobstore.submit, jobstore.records, jobstore.datasets;"
+    code = ("import sys; import api.app, api.routes.jobs, jobstore.submit, jobstore.records, jobstore.datasets,"
+            " jobstore.lifecycle, jobstore.chunks;"
             " api.app.create_app(__import__('contract.settings').settings.Settings(redis_url='redis://127.0.0.1:1'));"
             " print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -1,6 +1,6 @@
 """Prompt packs and decisions through the live service (uvicorn + worker thread + real Redis + tiny engine).
 
-GET /v1/packs lists the official packs plus `packs_dirs`; /v1/score naming a pack returns
+GET /v1/packs lists the official packs plus `pack_dirs`; /v1/score naming a pack returns
 its questions, categories and decisions beside the request's own results; an unknown pack
 is a 422 naming it before anything is queued; /v1/decide and /v1/decide/shared answer
 lettered decisions (order-averaged, calibrated for a fitted workload) from one read.
@@ -44,7 +44,7 @@ def extra_packs(tmp_path) -> Path:
 
 @pytest.fixture
 def live(make_settings, service_engine, extra_packs):
-    settings = make_settings(default_model=service_engine.model_name, packs_dirs=[extra_packs],
+    settings = make_settings(default_model=service_engine.model_name, pack_dirs=[extra_packs],
                              workloads={"triage": TEMPERATURE, "unfitted": None})
     service = EmbeddedService(settings, {service_engine.model_name: service_engine}, port=_free_port()).start()
     yield service

@@ -87,3 +87,27 @@ def test_slot_and_option_results_share_one_shape():
     dumped = slot.model_dump()
     assert dumped["options"] == [] and dumped["answers"][0]["value"] == {"amount": 12.5, "currency": "USD"}
     assert Combination.model_validate_json(slot.model_dump_json()) == slot
+
+
+def test_a_validated_query_carries_its_template_parsed_once(monkeypatch):
+    """The validator parses the template and the query keeps it: reading it later, through
+    a JSON round trip of the request, or a copy of it parses nothing again."""
+    import contract.protocol as protocol_module
+    from contract.templates import Placeholder, parse_template
+
+    calls = []
+    monkeypatch.setattr(protocol_module, "parse_template", lambda text: calls.append(text) or parse_template(text))
+    body = {"messages": [{"role": "user", "content": "x"}],
+            "scoring": {"queries": [{"id": "b", "template": "\n\nDoes it mention {brand}?{?}",
+                                     "options": [" yes", " no"], "values": {"brand": ["Acme", "Zeta"]}},
+                                    {"id": "n", "template": "\n\nHow many: {n} items", "max_tokens": 4}]}}
+    request = ScoringRequest.model_validate(body)
+    assert len(calls) == 2
+    option, number = request.scoring.queries
+    assert option.parsed_template.pieces == ("\n\nDoes it mention ", Placeholder("brand"), "?")
+    assert option.parsed_template.fill({"brand": "Acme"}) == "\n\nDoes it mention Acme?"
+    assert (number.slot, number.parsed_template.tail) == ("n", " items")
+    copied = ScoringRequest.model_validate_json(request.model_dump_json(exclude_unset=True)).model_copy(update={"model": "m"})
+    assert len(calls) == 4  # the round trip validates (and parses) once more; the copy does not
+    assert [q.parsed_template for q in copied.scoring.queries] == [option.parsed_template, number.parsed_template]
+    assert [q.slot for q in request.scoring.queries] == ["?", "n"] and len(calls) == 4

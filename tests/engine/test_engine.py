@@ -3,8 +3,8 @@
 import pytest
 
 from contract.protocol import ScoringRequest
+from engine import RequestError
 from engine.checks.parity import load_cases, run_parity, summarize
-from engine.engine import RequestError
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
 
@@ -37,10 +37,10 @@ def test_batch_invariance_alone_vs_packed(tiny_engine):
     others = [r.model_copy(update={"messages": [r.messages[0].model_copy(update={"content": f"{i}: {r.messages[0].content}"})]})
               for i in range(3) for r in requests]
     target = requests[5]
-    alone = engine.score_batch([target])
+    alone = engine.score_requests([target])
     packed_requests = list(reversed(others[:30])) + [target] + others[30:]
     assert len(packed_requests) >= 51
-    packed = engine.score_batch(packed_requests)
+    packed = engine.score_requests(packed_requests)
     index = packed_requests.index(target)
     target_passes = set(packed.pass_ids[index])
     neighbours = [i for i, ids in enumerate(packed.pass_ids) if i != index and target_passes & set(ids)]
@@ -54,13 +54,13 @@ def test_small_first_pass_and_early_responses_change_nothing(tiny_engine, monkey
     from engine.pipeline.responses import ResponseBuilder
 
     requests = load_cases(has_chat_template=True)[:12]
-    reference = tiny_engine("qwen2", max_num_batched_tokens=1 << 16).score_batch(requests)
+    reference = tiny_engine("qwen2", max_num_batched_tokens=1 << 16).score_requests(requests)
     engine = tiny_engine("qwen2", max_num_batched_tokens=1024)
     engine.first_pass_tokens = 256
     built_before = []  # responses already built when each pass's scores arrive
     collect = ResponseBuilder.collect
     monkeypatch.setattr(ResponseBuilder, "collect", lambda self, *a: built_before.append(len(self._done)) or collect(self, *a))
-    split = engine.score_batch(requests)
+    split = engine.score_requests(requests)
     passes = sorted({i for ids in split.pass_ids for i in ids})
     assert len(passes) >= 3
     assert 1 <= sum(passes[0] in ids for ids in split.pass_ids) < 4, "the first pass was not capped"
@@ -75,9 +75,9 @@ def test_tree_larger_than_budget_is_split_not_refused(tiny_checkpoint):
 
     folder = str(tiny_checkpoint("llama"))
     request = load_cases(has_chat_template=True)[2]
-    whole = Engine(EngineConfig(model=folder, device="cpu", dtype="float32")).score_batch([request])
+    whole = Engine(EngineConfig(model=folder, device="cpu", dtype="float32")).score_requests([request])
     small = Engine(EngineConfig(model=folder, device="cpu", dtype="float32", max_num_batched_tokens=128))
-    split = small.score_batch([request])
+    split = small.score_requests([request])
     assert len(split.pass_ids[0]) > 1, "the tree was not split across passes"
     for a, b in zip(whole.results[0].results, split.results[0].results):
         for ca, cb in zip(a.combinations, b.combinations):
@@ -90,8 +90,8 @@ def test_tree_larger_than_budget_is_split_not_refused(tiny_checkpoint):
 def test_floors_are_cached_across_requests(tiny_engine):
     engine = tiny_engine("qwen3", floor_cache_size=1000)
     first, second = load_cases(has_chat_template=True)[:2]
-    a = engine.score_batch([first]).results[0]
-    b = engine.score_batch([second]).results[0]
+    a = engine.score_requests([first]).results[0]
+    b = engine.score_requests([second]).results[0]
     assert a.usage.floors_computed > 0 and a.usage.floor_tokens > 0
     assert b.usage.floors_computed == 0 and b.usage.floor_tokens == 0
     assert b.usage.floors_cached == a.usage.floors_computed
@@ -112,7 +112,7 @@ def _one(content="hi", model=None, **query):
 def test_bad_requests_become_errors_not_failures(tiny_engine):
     engine = tiny_engine("gemma3_text")
     good = _one()
-    output = engine.score_batch([
+    output = engine.score_requests([
         _one(model="no-such-model"),
         _one(answer_in="assistant"),
         _one(content="word " * (engine.max_context_tokens + 10)),
@@ -173,7 +173,7 @@ def _collections_inside_batch(engine, requests, monkeypatch) -> int:
     gc.callbacks.append(on_collection)
     gc.set_threshold(50, 10**6, 10**6)  # young collections only, often
     try:
-        engine.score_batch(requests)
+        engine.score_requests(requests)
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(on_collection)
@@ -210,15 +210,16 @@ def test_collector_restored_when_a_batch_raises(tiny_engine, monkeypatch):
     assert gc.isenabled()
 
 
-def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, monkeypatch):
-    """A worker counts each request's tokens, then scores the batch: the tree is built once,
-    and the scores are those of scoring without counting."""
+def test_compiled_requests_are_packed_from_the_tree_compile_built(tiny_engine, monkeypatch):
+    """A worker compiles each request (its tokens counted), then scores the compiled batch: the
+    tree is built once, and the scores are those of scoring the requests as they are."""
     import engine.engine as engine_module
+    import engine.pipeline.compiler as compiler_module
     import engine.pipeline.packer as packer_module
 
     engine = tiny_engine("qwen2")
     requests = load_cases(has_chat_template=True)[:3]
-    expected = [_strip_usage(r) for r in engine.score_batch(requests).results]
+    expected = [_strip_usage(r) for r in engine.score_requests(requests).results]
     builds = []
 
     def counting(build):
@@ -228,10 +229,12 @@ def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, m
         return build_tree
 
     monkeypatch.setattr(engine_module, "build_tree", counting(engine_module.build_tree))
+    monkeypatch.setattr(compiler_module, "build_tree", counting(compiler_module.build_tree))
     monkeypatch.setattr(packer_module, "build_tree", counting(packer_module.build_tree))
-    counts = [engine.count_tokens(r) for r in requests]
+    compiled = [engine.compile(r) for r in requests]
+    counts = [c.num_tokens for c in compiled]
     assert len(builds) == 3 and all(counts)
-    got = engine.score_batch(requests)
+    got = engine.score_batch(compiled)
     assert len(builds) == 3  # none more: the floors are cached (the first call), the trees counted
     assert [_strip_usage(r) for r in got.results] == expected
 
@@ -239,13 +242,13 @@ def test_counted_requests_are_packed_from_the_tree_counting_built(tiny_engine, m
 def test_host_work_runs_while_a_pass_is_in_flight_and_changes_nothing(tiny_engine, passes_in_flight):
     engine = tiny_engine("qwen2", max_num_batched_tokens=1024)  # several passes
     requests = load_cases(has_chat_template=True)[:6]
-    expected = [_strip_usage(r) for r in engine.score_batch(requests).results]
+    expected = [_strip_usage(r) for r in engine.score_requests(requests).results]
     passes_in_flight(busy=3)
     calls = []
-    got = engine.score_batch(requests, while_waiting=lambda: calls.append(1) or True)
+    got = engine.score_requests(requests, while_waiting=lambda: calls.append(1) or True)
     assert [_strip_usage(r) for r in got.results] == expected
     num_passes = len({p for ids in got.pass_ids for p in ids})
     assert num_passes >= 2 and len(calls) == 3 * num_passes  # until each pass is done
     calls.clear()
-    engine.score_batch(requests, while_waiting=lambda: calls.append(1) or False)
+    engine.score_requests(requests, while_waiting=lambda: calls.append(1) or False)
     assert len(calls) == num_passes  # a step that says "no more" is not run again in that wait

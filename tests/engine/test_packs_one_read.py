@@ -4,7 +4,7 @@ its floors keep the pack's presentation; an unknown pack is an error naming it."
 from __future__ import annotations
 
 from contract.protocol import ScoringRequest
-from engine.engine import RequestError
+from engine import RequestError
 from prompt_packs.apply import expand_pack, split_pack_results, with_packs
 from prompt_packs.registry import PackRegistry
 
@@ -19,7 +19,7 @@ def test_pack_and_own_queries_share_one_read_of_the_content(tiny_engine):
     pack = PackRegistry.load().get("spinf/support-triage")
     alone = engine.score(ScoringRequest.model_validate(REQUEST))
     merged_request = with_packs(ScoringRequest.model_validate(REQUEST), [pack])
-    batch = engine.score_batch([merged_request])
+    batch = engine.score_requests([merged_request])
     merged = batch.results[0]
     pack_only = engine.score(ScoringRequest.model_validate(
         {**REQUEST, "scoring": {"queries": [q.model_dump(exclude_unset=True) for q in expand_pack(pack)]}}))
@@ -75,24 +75,24 @@ def test_floors_keep_the_pack_presentation_and_empty_only_the_content(tiny_engin
     engine = tiny_engine("qwen2")
     pack = PackRegistry.load().get("spinf/support-triage")
     request = ScoringRequest.model_validate({**REQUEST, "packs": [{"id": pack.id}]})
-    compiled = engine._compile(request)
+    compiled = engine.compile(request)
     frame = pack.presentation.empty
     assert frame and frame in REQUEST["messages"][0]["content"]
     for key in compiled.floor_keys:
         assert frame in key.empty_prefix
         assert "charged twice" not in key.empty_prefix
-    bare = engine._compile(ScoringRequest.model_validate(REQUEST))  # no pack: the whole message goes
+    bare = engine.compile(ScoringRequest.model_validate(REQUEST))  # no pack: the whole message goes
     assert all(frame not in key.empty_prefix for key in bare.floor_keys)
     # the same frame given by the caller renders the same floor prefix as the pack's
     framed = {**REQUEST["messages"][0], "floor_content": frame}
-    by_caller = engine._compile(ScoringRequest.model_validate({**REQUEST, "messages": [framed]}))
+    by_caller = engine.compile(ScoringRequest.model_validate({**REQUEST, "messages": [framed]}))
     assert by_caller.floor_keys[0].empty_prefix == compiled.floor_keys[0].empty_prefix
 
 
 def test_unknown_pack_is_an_error_naming_it_and_the_loaded_ones(tiny_engine):
     engine = tiny_engine("qwen2")
     body = {**REQUEST, "packs": [{"id": "spinf/support-triage"}, {"id": "spinf/no-such-pack"}]}
-    [error] = engine.score_batch([ScoringRequest.model_validate(body)]).results
+    [error] = engine.score_requests([ScoringRequest.model_validate(body)]).results
     assert isinstance(error, RequestError)
     assert error.field == "packs[1].id"
     assert "spinf/no-such-pack" in error.message
@@ -103,7 +103,7 @@ def test_a_query_id_clashing_with_a_pack_question_is_an_error(tiny_engine):
     engine = tiny_engine("qwen2")
     clash = {"id": "spinf/support-triage:topic", "template": "\n\nTopic?{?}", "options": [" a", " b"]}
     body = {**REQUEST, "scoring": {"queries": [clash]}, "packs": [{"id": "spinf/support-triage"}]}
-    [error] = engine.score_batch([ScoringRequest.model_validate(body)]).results
+    [error] = engine.score_requests([ScoringRequest.model_validate(body)]).results
     assert isinstance(error, RequestError) and error.field == "scoring.queries"
 
 

@@ -5,6 +5,7 @@ import orjson
 from contract.payloads import JobItem, RowError
 from contract.s3_uri import S3Uri
 from jobstore import datasets
+from jobstore.records import ChunkSummary
 
 
 def _lines(data: bytes):
@@ -63,8 +64,8 @@ def test_output_keys_depend_only_on_output_and_chunk():
 
 
 def test_manifest_counts():
-    summaries = {1: {"num_rows": 5, "num_succeeded": 4, "num_failed": 1}, 0: {"num_rows": 10, "num_succeeded": 10,
-                                                                            "num_failed": 0}}
+    summaries = {1: ChunkSummary(num_rows=5, num_succeeded=4, num_failed=1),
+                 0: ChunkSummary(num_rows=10, num_succeeded=10, num_failed=0)}
     manifest = datasets.build_manifest("job-1", "s3://b/in/", S3Uri("b", "out/"), summaries)
     assert (manifest["num_rows"], manifest["num_succeeded"], manifest["num_failed"]) == (15, 14, 1)
     assert manifest["results"][0].endswith("part-00000.jsonl")

@@ -6,13 +6,14 @@ import redis
 from contract import queues
 from contract.payloads import JobStatus
 from jobstore import records
+from jobstore.records import ChunkSummary
 
 pytestmark = pytest.mark.redis
 
 
 def _summary(num_rows, num_failed=0):
-    return {"num_rows": num_rows, "num_succeeded": num_rows - num_failed, "num_failed": num_failed,
-            "usage": {"content_tokens": 3 * (num_rows - num_failed)}}
+    return ChunkSummary(num_rows=num_rows, num_succeeded=num_rows - num_failed, num_failed=num_failed,
+                        usage={"content_tokens": 3 * (num_rows - num_failed)})
 
 
 def test_chunk_settles_once_and_gauge_drops_once(redis_url):
@@ -47,3 +48,24 @@ def test_finish_is_terminal_and_starts_retention(redis_url):
 
 def test_unknown_job_has_no_view(redis_url):
     assert records.load_view(redis.Redis.from_url(redis_url), "job-missing") is None
+
+
+def test_a_chunk_summary_round_trips_in_the_shape_the_chunks_hash_holds():
+    scored = _summary(4, num_failed=1)
+    cancelled = ChunkSummary.for_cancelled(5)
+    assert scored.to_json() == b'{"num_rows":4,"num_succeeded":3,"num_failed":1,"usage":{"content_tokens":9}}'
+    assert cancelled.to_json() == b'{"num_rows":5,"num_succeeded":0,"num_failed":0,"cancelled":true}'
+    for summary in (scored, cancelled, ChunkSummary(num_rows=0, num_succeeded=0, num_failed=0)):
+        assert ChunkSummary.from_json(summary.to_json()) == summary
+    assert (scored.num_done, scored.cancelled, cancelled.num_done, cancelled.usage) == (4, False, 0, {})
+
+
+def test_a_cancelled_chunk_counts_its_rows_off_the_gauge_and_adds_no_progress(redis_url):
+    r = redis.Redis.from_url(redis_url)
+    records.create_job(r, "job-c", {"owner": "k", "model": "m", "num_rows": 5, "num_chunks": 1})
+    r.incrby(queues.QUEUED_ROWS_KEY, 5)
+    assert records.settle_chunk(r, "job-c", 0, ChunkSummary.for_cancelled(5))
+    assert records.chunk_summaries(r, "job-c") == {0: ChunkSummary.for_cancelled(5)}
+    assert int(r.get(queues.QUEUED_ROWS_KEY)) == 0 and records.is_complete(r, "job-c")
+    view = records.load_view(r, "job-c")
+    assert (view.progress.done, view.progress.failed, view.usage.content_tokens) == (0, 0, 0)

@@ -11,7 +11,8 @@ from contract.payloads import ChunkPayload, JobItem, JobStatus
 from contract.protocol import ScoringSpec
 from contract.settings import Settings
 from jobstore import records
-from jobstore.submit import cancel, chunk_rq_id, submit_dataset, submit_inline
+from jobstore.lifecycle import cancel, submit_dataset, submit_inline
+from jobstore.submit import chunk_rq_id
 
 pytestmark = pytest.mark.redis
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from prompt_packs import calibration as cal
+from prompt_packs import calibration_choice as cc
 
 
 def _tempered(true_temperature: float, num_rows: int, seed: int = 0):
@@ -103,18 +104,18 @@ def test_choose_method_improves_ece_and_keeps_accuracy_and_auc():
     z = rng.normal(0.0, 2.0, 1500)
     y = (rng.random(len(z)) < cal.sigmoid(z)).astype(float)
     raw = cal.sigmoid(2.5 * z + 1.5)  # over-confident and biased towards "yes"
-    choice = cal.choose_method(raw, y)
+    choice = cc.choose_method(raw, y)
     assert choice.after["ece"] < choice.before["ece"] / 3
     assert choice.after["ece"] < 0.05
     assert choice.after["accuracy"] >= choice.before["accuracy"]
-    assert choice.after["auc"] >= choice.before["auc"] - cal.AUC_TOLERANCE
-    assert choice.method in cal.CANDIDATE_METHODS
-    assert set(choice.candidates) == set(cal.CANDIDATE_METHODS)
+    assert choice.after["auc"] >= choice.before["auc"] - cc.AUC_TOLERANCE
+    assert choice.method in cc.CANDIDATE_METHODS
+    assert set(choice.candidates) == set(cc.CANDIDATE_METHODS)
 
 
 def test_stratified_folds_spread_the_positives():
     y = np.array([1] * 10 + [0] * 90)
-    folds = cal.stratified_folds(y, 5)
+    folds = cc.stratified_folds(y, 5)
     assert sorted(np.bincount(folds[y == 1]).tolist()) == [2, 2, 2, 2, 2]
 
 

@@ -25,7 +25,8 @@ from contract import queues
 from contract.payloads import JobItem, JobStatus
 from contract.protocol import ScoringSpec
 from jobstore import records
-from jobstore.submit import chunk_rq_id, submit_inline
+from jobstore.lifecycle import submit_inline
+from jobstore.submit import chunk_rq_id
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

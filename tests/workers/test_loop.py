@@ -4,14 +4,17 @@ import orjson
 import pytest
 import redis
 from rq import Queue
-from rq.registry import FinishedJobRegistry, StartedJobRegistry
+from rq.job import Job
+from rq.job import JobStatus as RqStatus
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from worker_helpers import SCORING, drain_until_settled, make_worker, texts
 
 from contract import queues
 from contract.payloads import JobItem, JobStatus
 from contract.protocol import ScoringRequest, ScoringSpec
 from jobstore import records
-from jobstore.submit import cancel, chunk_rq_id, submit_inline
+from jobstore.lifecycle import cancel, submit_dataset, submit_inline
+from jobstore.submit import chunk_rq_id
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 SPEC = ScoringSpec.model_validate(SCORING)
@@ -39,7 +42,7 @@ def test_one_pass_packs_several_queued_jobs(make_settings, service_engine):
     shared = set.intersection(*passes)
     assert len(shared) >= 1, passes  # >= 2 jobs (here 3) were served by one forward pass
     # and packing did not change a score: each row equals the row scored alone
-    alone = service_engine.score_batch([ScoringRequest(messages=[{"role": "user", "content": texts(2, "b")[1]["text"]}],
+    alone = service_engine.score_requests([ScoringRequest(messages=[{"role": "user", "content": texts(2, "b")[1]["text"]}],
                                                        scoring=SPEC)]).results[0]
     packed = _rows(r, job_ids[1])[1]["response"]
     assert packed["results"] == alone.model_dump(mode="json", exclude_none=True)["results"]
@@ -49,7 +52,7 @@ def test_one_pass_packs_several_queued_jobs(make_settings, service_engine):
 
 def test_sync_queue_is_drained_first_and_budget_bounds_a_step(make_settings, service_engine, service_engine_factory):
     row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "sync")[0]["text"]}], scoring=SPEC)
-    engine = service_engine_factory(service_engine.count_tokens(row))  # one row fills a pass: one job per step
+    engine = service_engine_factory(service_engine.compile(row).num_tokens)  # one row fills a pass: one job per step
     settings = make_settings(chunk_num_rows=1)
     r = redis.Redis.from_url(settings.redis_url)
     batch_job = _submit(r, settings, engine.model_name, 2, "batch")
@@ -134,7 +137,7 @@ def _one_row_per_step(make_settings, service_engine, service_engine_factory, pas
     """An engine whose budget one row fills, `num_jobs` one-row jobs queued, a worker whose
     passes read as in flight (so it gathers ahead): (engine, redis, job ids, worker)."""
     row = ScoringRequest(messages=[{"role": "user", "content": texts(1, prefix)[0]["text"]}], scoring=SPEC)
-    engine = service_engine_factory(service_engine.count_tokens(row))
+    engine = service_engine_factory(service_engine.compile(row).num_tokens)
     settings = make_settings(chunk_num_rows=1)
     r = redis.Redis.from_url(settings.redis_url)
     job_ids = [_submit(r, settings, engine.model_name, 1, f"{prefix}{i}-") for i in range(num_jobs)]
@@ -160,7 +163,7 @@ def test_the_next_batch_is_gathered_during_the_passes(make_settings, service_eng
     drain_until_settled(worker, job_ids)
     for index, job_id in enumerate(job_ids):
         [result] = _rows(r, job_id)
-        alone = engine.score_batch([ScoringRequest(messages=[{"role": "user", "content": texts(1, f"n{index}-")[0]["text"]}],
+        alone = engine.score_requests([ScoringRequest(messages=[{"role": "user", "content": texts(1, f"n{index}-")[0]["text"]}],
                                                    scoring=SPEC)]).results[0]
         assert result["response"]["results"] == alone.model_dump(mode="json", exclude_none=True)["results"]
 
@@ -217,3 +220,52 @@ def test_a_sync_call_is_not_pushed_back_by_the_look_ahead(make_settings, service
     assert records.load_view(r, sync_job).status == JobStatus.SUCCEEDED
     assert records.load_view(r, batch_jobs[1]).status == JobStatus.SUCCEEDED
     assert records.load_view(r, batch_jobs[2]).progress.done == 0
+
+
+def test_a_performed_chunk_job_keeps_its_summary_as_its_rq_result(make_settings, service_engine):
+    settings = make_settings(chunk_num_rows=2)
+    r = redis.Redis.from_url(settings.redis_url)
+    job_id = _submit(r, settings, service_engine.model_name, 3, "res")
+    drain_until_settled(make_worker(settings, service_engine), [job_id])
+    summaries = records.chunk_summaries(r, job_id)
+    for index in (0, 1):
+        job = Job.fetch(chunk_rq_id(job_id, index), connection=r, serializer=queues.JsonSerializer)
+        assert job.get_status() == RqStatus.FINISHED
+        assert job.return_value() == summaries[index].to_dict()
+    assert [summaries[0].num_rows, summaries[1].num_rows] == [2, 1] and summaries[0].usage["content_tokens"] > 0
+
+
+def test_a_chunk_that_fails_is_retried_then_given_up_on_through_rqs_failure_callback(
+        make_settings, s3_server, s3_bucket, service_engine):
+    """A dataset chunk whose object vanished after planning: its load fails, RQ retries it
+    (max_num_retries=1), fails it again, and its failure callback hands it to maintenance,
+    which settles it with an error row per input line once the object is readable again."""
+    settings = make_settings(s3_bucket=s3_bucket, chunk_num_rows=10, max_num_retries=1)
+    r = redis.Redis.from_url(settings.redis_url)
+    s3 = s3_server.client()
+    body = b"".join(orjson.dumps({"custom_id": f"v{i}", "text": f"refund order {i}"}) + b"\n" for i in range(3))
+    s3.put_object(Bucket=s3_bucket, Key="in/part-0.jsonl", Body=body)
+    job_id = submit_dataset(r, settings, "alice", service_engine.model_name, SPEC, f"s3://{s3_bucket}/in/",
+                            f"s3://{s3_bucket}/out/")
+    worker = make_worker(settings, service_engine)
+    assert worker.drain_once(block_s=1)  # the plan step: one chunk enqueued
+    s3.delete_object(Bucket=s3_bucket, Key="in/part-0.jsonl")
+    chunk = Job.fetch(chunk_rq_id(job_id, 0), connection=r, serializer=queues.JsonSerializer)
+    assert worker.drain_once(block_s=1)  # fails, one retry left: re-queued, not given up on
+    chunk.refresh()
+    assert chunk.get_status() == RqStatus.QUEUED and chunk.retries_left == 0
+    assert r.llen(queues.DEAD_CHUNKS_KEY) == 0
+    assert worker.drain_once(block_s=1)  # fails again: RQ's failure callback records it dead
+    assert chunk.get_status(refresh=True) == RqStatus.FAILED
+    assert chunk.id in FailedJobRegistry(queues.queue_pair(service_engine.model_name).batch, connection=r)
+    assert r.llen(queues.DEAD_CHUNKS_KEY) == 1
+    assert records.load_view(r, job_id).status == JobStatus.RUNNING
+    s3.put_object(Bucket=s3_bucket, Key="in/part-0.jsonl", Body=body)
+    worker.maintain_if_due()
+    view = records.load_view(r, job_id)
+    assert view.status == JobStatus.SUCCEEDED and (view.progress.done, view.progress.failed) == (3, 3)
+    rows = [orjson.loads(line) for line in s3.get_object(Bucket=s3_bucket, Key="out/results/part-00000.jsonl")
+            ["Body"].read().splitlines()]
+    assert [row["custom_id"] for row in rows] == ["v0", "v1", "v2"]
+    assert all(row["error"]["message"] == "not scored: the chunk failed on its last attempt (NoSuchKey)"
+               for row in rows)

@@ -51,10 +51,10 @@ def test_gpu_scores_alone_vs_packed_are_bit_identical():
     passes = []
     launch = engine.runner.launch
     engine.runner.launch = lambda batch: passes.append(len(batch.trees)) or launch(batch)
-    packed = engine.score_batch(requests).results
+    packed = engine.score_requests(requests).results
     assert max(passes) >= 10, passes  # contents really shared passes
     for index in (0, 5, 23):
-        alone = engine.score_batch([requests[index]]).results[0]
+        alone = engine.score_requests([requests[index]]).results[0]
         assert spinf_logprobs([alone]) == spinf_logprobs([packed[index]])
         assert alone.model_dump()["results"] == packed[index].model_dump()["results"]
 
@@ -71,7 +71,7 @@ hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=6)
 engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
                                    "gemma-3-12b", "invariance", 16384)
 requests = [ScoringRequest.model_validate(r) for r in load_workload("news").requests(engine.model_name, 24, 20)]
-print(json.dumps(spinf_logprobs(engine.score_batch([requests[i] for i in json.loads(sys.argv[1])]).results)))
+print(json.dumps(spinf_logprobs(engine.score_requests([requests[i] for i in json.loads(sys.argv[1])]).results)))
 """
 
 

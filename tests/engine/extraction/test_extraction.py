@@ -5,6 +5,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from contract.protocol import ScoringRequest
+from engine import RequestError
 from engine.checks.parity import Reference
 from engine.checks.parity_slots import (
     ReferenceDecoder,
@@ -14,7 +15,6 @@ from engine.checks.parity_slots import (
     reference_questions,
     summarize_slots,
 )
-from engine.engine import RequestError
 from engine.extraction.decoder import BeamDecoder
 
 MAX_TOKENS = 3  # short answers keep the whole-sequence reference quick
@@ -67,7 +67,7 @@ def test_slots_read_once_with_the_options_then_decode_over_kept_kv(tiny_engine):
     engine.runner.decode = recording_decode
     try:
         first_pass = engine.runner.num_passes + 1
-        output = engine.score_batch([_request("I was charged twice for September, $12.50.", QUERIES)])
+        output = engine.score_requests([_request("I was charged twice for September, $12.50.", QUERIES)])
     finally:
         engine.runner.decode = decode
     response = output.results[0]
@@ -86,8 +86,8 @@ def test_slots_of_many_contents_decode_together_and_batch_invariant(tiny_engine)
     engine = tiny_engine("qwen2")
     target = _request("Charged twice in September: $12.50.", QUERIES)
     others = [_request(f"Ticket {i}: the invoice of {i} EUR arrived in March.", QUERIES) for i in range(50)]
-    alone = engine.score_batch([target])
-    packed = engine.score_batch(others[:20] + [target] + others[20:])
+    alone = engine.score_requests([target])
+    packed = engine.score_requests(others[:20] + [target] + others[20:])
     index = 20
     decode_passes = set(packed.pass_ids[index][1:])
     sharing = [i for i, ids in enumerate(packed.pass_ids) if i != index and decode_passes & set(ids)]
@@ -133,6 +133,6 @@ def test_number_slot_on_a_tokenizer_without_digits_is_refused(tiny_checkpoint):
     engine = Engine(EngineConfig(model=checkpoint.served_name, device="cpu", dtype="float32"), checkpoint=checkpoint)
     assert engine.tokenize(["total amount"]) == [[4, 3]]
     request = _request("total amount", [{"id": "n", "template": "\n\namount:{n}"}])
-    [result] = engine.score_batch([request]).results
+    [result] = engine.score_requests([request]).results
     assert isinstance(result, RequestError) and result.field == "scoring.queries.template"
     assert "cannot write the digits ['0', '1'," in result.message

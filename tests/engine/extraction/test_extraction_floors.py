@@ -97,7 +97,7 @@ def floor_parity(tiny_engine):
 
 def test_slot_floor_p_matches_transformers(floor_parity):
     engine, requests, expected = floor_parity
-    results = engine.score_batch(requests).results
+    results = engine.score_requests(requests).results
     num_answers, compared, worst_p, worst_log = 0, 0, 0.0, 0.0
     for response, request_expected in zip(results, expected, strict=True):
         combinations = [(query, c) for query in response.results for c in query.combinations]
@@ -121,7 +121,7 @@ def test_slot_floor_p_matches_transformers(floor_parity):
 def test_floor_p_is_null_unless_asked_and_leaves_the_answers_alone(tiny_engine):
     engine = _engine(tiny_engine)
     plain, floored = _requests(floor=False)[:2], _requests(floor=True)[:2]
-    without, with_floor = engine.score_batch(plain), engine.score_batch(floored)
+    without, with_floor = engine.score_requests(plain), engine.score_requests(floored)
     for a, b in zip(without.results, with_floor.results, strict=True):
         a_answers = [x for q in a.results for c in q.combinations for x in c.answers]
         b_answers = [x for q in b.results for c in q.combinations for x in c.answers]
@@ -142,8 +142,8 @@ def test_floor_p_is_null_unless_asked_and_leaves_the_answers_alone(tiny_engine):
 def test_slot_floors_are_batch_invariant(tiny_engine):
     engine = _engine(tiny_engine)
     requests = _requests(floor=True)
-    alone = engine.score_batch([requests[2]]).results[0]
-    packed = engine.score_batch(requests).results[2]
+    alone = engine.score_requests([requests[2]]).results[0]
+    packed = engine.score_requests(requests).results[2]
     a, b = alone.model_dump(), packed.model_dump()
     a.pop("usage"), b.pop("usage")
     assert a == b

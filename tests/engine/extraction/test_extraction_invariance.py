@@ -56,9 +56,9 @@ def _counting_attention(monkeypatch) -> list[tuple[int, int]]:
 def test_slot_answers_alone_vs_batched_are_bit_identical(tiny_engine, monkeypatch, family, budget):
     engine = tiny_engine(family) if budget is None else tiny_engine(family, max_num_batched_tokens=budget)
     target, others = _request(TARGET, QUERIES), _others()
-    alone = engine.score_batch([target]).results[0].model_dump()
+    alone = engine.score_requests([target]).results[0].model_dump()
     calls = _counting_attention(monkeypatch)
-    packed = engine.score_batch(others[:3] + [target] + others[3:]).results[3].model_dump()
+    packed = engine.score_requests(others[:3] + [target] + others[3:]).results[3].model_dump()
     for response in (alone, packed):
         response.pop("usage")
     assert alone == packed  # answers, values, p, residual, floor_p: bit for bit

@@ -235,12 +235,12 @@ def test_slot_answers_match_the_whole_row_decoder(tiny_engine, monkeypatch, fami
     engine = tiny_engine(family)
     requests = _requests()
     engine.floors = FloorCache(engine.config.floor_cache_size)  # both runs compute their floor
-    new = engine.score_batch(requests).results
+    new = engine.score_requests(requests).results
     engine.floors = FloorCache(engine.config.floor_cache_size)
     with monkeypatch.context() as patch:
         patch.setattr(engine_module, "Extraction", _OldExtraction)
         patch.setattr(decode_module, "decode_attention", _old_decode_attention)
-        old = engine.score_batch(requests).results
+        old = engine.score_requests(requests).results
     answers = [a for r in new for q in r.results for c in q.combinations for a in (c.answers or [])]
     assert len(answers) >= 40 and len({a.text for a in answers}) > 10
     largest = max(_differences([r.model_dump() for r in new], [r.model_dump() for r in old]), default=0.0)

@@ -41,9 +41,9 @@ def _news_slots(num_layers: int, num_slots: int) -> tuple:
 @pytest.mark.gpu
 def test_gpu_slot_answers_alone_vs_packed_are_bit_identical():
     engine, requests = _news_slots(num_layers=6, num_slots=4)
-    packed = engine.score_batch(requests).results
+    packed = engine.score_requests(requests).results
     for index in (0, 5):
-        alone = engine.score_batch([requests[index]]).results[0]
+        alone = engine.score_requests([requests[index]]).results[0]
         assert _slots(alone) == _slots(packed[index])
     for response in packed:
         slots = _slots(response)
@@ -62,7 +62,7 @@ def test_gpu_batched_decode_attention_shares_sdpa_and_never_syncs(monkeypatch):
     import engine.layers.decode_attention as decode_module
 
     engine, requests = _news_slots(num_layers=2, num_slots=5)
-    alone = engine.score_batch([requests[2]]).results[0]
+    alone = engine.score_requests([requests[2]]).results[0]
     attention, calls = decode_module.decode_attention, []
 
     def strict(q, k, v, meta, *args, **kwargs):
@@ -74,7 +74,7 @@ def test_gpu_batched_decode_attention_shares_sdpa_and_never_syncs(monkeypatch):
             torch.cuda.set_sync_debug_mode("default")
 
     monkeypatch.setattr(decode_module, "decode_attention", strict)
-    packed = engine.score_batch(requests).results
+    packed = engine.score_requests(requests).results
     assert _slots(alone) == _slots(packed[2])
     assert calls and all(groups <= slots for slots, groups in calls)
     assert sum(groups for _, groups in calls) * 4 <= sum(slots for slots, _ in calls), calls

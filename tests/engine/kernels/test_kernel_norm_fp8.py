@@ -6,7 +6,8 @@ gate_up_proj run without a quantize_rows launch. The interpreter check compares 
 quantizing kernels bit for bit with the two kernels they replace, both interpreted.
 
 On the H200 they are NOT bit-identical to the two-kernel path at the real widths (3840, 4096,
-896; run of commit c13ab12, benchmarks/results/2026-12-01-gpu-tests-c13ab12.log): the
+896; the exact comparison failed in the gpu run of commit c13ab12, whose log git keeps:
+`git show a4410df:benchmarks/results/2026-12-01-gpu-tests-c13ab12.log`): the
 compiled kernel with the quantize step reduces the row's sum of squares in another order, so
 the residual and h can differ by a bf16 ulp. What must hold exactly is that each row is
 computed by one program with a fixed config, so rows are bit-identical alone or in any

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.pipeline.compiler import Branch
 from engine.pipeline.packer import leaky_tree_mask, pack_trees
+from engine.pipeline.stages import Branch
 from engine.pipeline.tree import build_tree
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from engine.layers.ops import ROW_CHUNK
-from engine.pipeline.compiler import Branch
 from engine.pipeline.packer import padded, tree_mask
+from engine.pipeline.stages import Branch
 from engine.pipeline.tree import build_tree
 
 

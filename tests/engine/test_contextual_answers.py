@@ -1,0 +1,28 @@
+"""Contextual calibration in the engine's answers: contextual_p = p / floor_p renormalised,
+computed from the same read (no extra pass), only for queries that ask for it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from contract.protocol import Message, Query, ScoringRequest, ScoringSpec
+
+
+def _request(calibrate: str | None) -> ScoringRequest:
+    query = Query(id="q", template="\n\nTopic?{?}", options=[" sport", " music", " news"], calibrate=calibrate)
+    return ScoringRequest(messages=[Message(role="user", content="The match ended two all.")],
+                          scoring=ScoringSpec(queries=[query]))
+
+
+def test_contextual_p_is_the_floor_divided_answer_and_opt_in(tiny_engine):
+    engine = tiny_engine("qwen2")
+    plain, contextual = engine.score_batch([_request(None), _request("contextual")]).results
+    raw = plain.results[0].combinations[0].options
+    options = contextual.results[0].combinations[0].options
+    assert all(o.contextual_p is None for o in raw)
+    assert [o.p for o in options] == [o.p for o in raw]  # the raw values are unchanged
+    p, floor = np.array([o.p for o in options]), np.array([o.floor_p for o in options])
+    expected = (p / floor) / (p / floor).sum()
+    assert [o.contextual_p for o in options] == pytest.approx(expected.tolist(), rel=1e-12)
+    assert contextual.usage.floors_computed + contextual.usage.floors_cached >= 1

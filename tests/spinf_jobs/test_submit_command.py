@@ -1,0 +1,86 @@
+"""`spinf-jobs submit` and `spinf-jobs jobs ...` as real processes against a live service (in-test API +
+worker thread + real Redis + tiny engine): the results file equals GET /v1/jobs/{id}/results row for
+row; Ctrl-C (SIGINT) on `submit --wait` leaves the job running and says how to pick it up again."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+QUERIES = [{"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]}]
+
+
+def _env(live) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_")}
+    return env | {"SPINF_BASE_URL": live.base_url, "SPINF_API_KEY": "sk-test-alice", "PYTHONPATH": str(REPO)}
+
+
+def _cli(live, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spinf_jobs.cli", *args], cwd=kwargs.pop("cwd", REPO),
+                          env=_env(live), capture_output=True, timeout=240, check=False, **kwargs)
+
+
+def _inputs(tmp_path: Path, num_rows: int) -> tuple[Path, Path]:
+    data, queries = tmp_path / "rows.jsonl", tmp_path / "queries.json"
+    rows = [{"custom_id": f"r{i}", "text": f"Customer {i}: please refund order {i}."} for i in range(num_rows)]
+    rows.append({"custom_id": "bad", "text": "refund " * 5000})  # the engine refuses it: an error row
+    data.write_bytes(b"\n".join(orjson.dumps(row) for row in rows) + b"\n")
+    queries.write_bytes(orjson.dumps(QUERIES))
+    return data, queries
+
+
+def test_submit_wait_writes_the_results_of_the_job(make_settings, service_engine, live_service, tmp_path, bearer):
+    live = live_service(make_settings(default_model="tiny-llama", chunk_num_rows=4), service_engine)
+    data, queries = _inputs(tmp_path, 10)
+    out = tmp_path / "out.jsonl"
+    done = _cli(live, "submit", str(data), "--queries", str(queries), "--wait", "--output", str(out))
+    assert done.returncode == 0, done.stderr.decode()
+    job_id = done.stdout.decode().split()[0]
+    assert b"11 rows (1 errors)" in done.stderr and b"row/s" in done.stderr  # the bar's rate
+    served = httpx.get(f"{live.base_url}/v1/jobs/{job_id}/results", headers=bearer("alice"), timeout=60)
+    expected = [orjson.loads(line) for line in served.content.splitlines() if line]
+    assert [orjson.loads(line) for line in out.read_bytes().splitlines()] == expected
+    assert [row["custom_id"] for row in expected] == [f"r{i}" for i in range(10)] + ["bad"]
+
+    status = orjson.loads(_cli(live, "jobs", "status", job_id).stdout)
+    assert status["status"] == "succeeded" and status["progress"] == {"total": 11, "done": 11, "failed": 1}
+    printed = _cli(live, "jobs", "results", job_id).stdout
+    assert [orjson.loads(line) for line in printed.splitlines()] == expected
+    listed = _cli(live, "jobs", "list").stdout.decode().splitlines()
+    assert listed[0].split()[:3] == [job_id, "succeeded", "11/11"]
+    refused = _cli(live, "submit", str(data))
+    assert refused.returncode == 2 and b"--queries" in refused.stderr
+
+
+def test_ctrl_c_on_submit_wait_leaves_the_job_running(make_settings, slow_engine, live_service, tmp_path, bearer):
+    live = live_service(make_settings(default_model="tiny-llama", chunk_num_rows=2), slow_engine(0.5))
+    data, queries = _inputs(tmp_path, 19)
+    command = [sys.executable, "-u", "-m", "spinf_jobs.cli", "submit", str(data), "--queries", str(queries), "--wait"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=_env(live), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    job_id = proc.stdout.readline().decode().strip()
+    assert job_id.startswith("job-"), proc.stderr.read()
+    time.sleep(1.5)  # following: the bar is up
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr.decode()
+    for hint in (f"spinf-jobs jobs status {job_id}", f"spinf-jobs jobs results {job_id}",
+                 f"spinf-jobs jobs cancel {job_id}", "spinf-jobs jobs list"):
+        assert hint.encode() in stderr
+    view = httpx.get(f"{live.base_url}/v1/jobs/{job_id}", headers=bearer("alice"), timeout=30).json()
+    assert view["status"] in ("queued", "running") and view["progress"]["done"] < 20  # not cancelled
+    deadline = time.monotonic() + 120
+    while view["status"] != "succeeded":
+        assert time.monotonic() < deadline and view["status"] in ("queued", "running"), view
+        time.sleep(0.3)
+        view = httpx.get(f"{live.base_url}/v1/jobs/{job_id}", headers=bearer("alice"), timeout=30).json()
+    assert view["progress"] == {"total": 20, "done": 20, "failed": 1}
+    assert not list(tmp_path.glob("*.results.jsonl"))  # nothing written for a job it stopped following
