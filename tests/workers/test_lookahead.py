@@ -32,7 +32,7 @@ def _one_row_jobs(make_settings, engine, num_jobs: int):
 
 def test_a_step_holds_a_job_or_counts_a_row_until_the_budget_is_full(make_settings, service_engine,
                                                                       service_engine_factory):
-    first_row, second_row = (service_engine.count_tokens(_request(prefix)) for prefix in ("j0-", "j1-"))
+    first_row, second_row = (service_engine.compile(_request(prefix)).num_tokens for prefix in ("j0-", "j1-"))
     engine = service_engine_factory(first_row + second_row)  # the first row leaves room, the second fills it
     r, job_ids, worker = _one_row_jobs(make_settings, engine, 3)
     ahead = LookAhead(worker.engines, worker._take)
@@ -57,7 +57,7 @@ def test_a_look_ahead_that_finds_its_queues_empty_is_drained(make_settings, serv
     _, _, worker = _one_row_jobs(make_settings, service_engine, 1)
     ahead = LookAhead(worker.engines, worker._take)
     ahead.finish()
-    assert len(ahead.held) == 1 and ahead.num_tokens == service_engine.count_tokens(_request("j0-"))
+    assert len(ahead.held) == 1 and ahead.num_tokens == service_engine.compile(_request("j0-")).num_tokens
     assert ahead.is_drained and not ahead.is_full and ahead.is_done
 
 
@@ -70,4 +70,4 @@ def test_a_closed_look_ahead_takes_no_step_and_keeps_what_it_holds(make_settings
     assert len(ahead.held) == 1 and ahead.num_tokens == 0  # its row is scored uncounted
     assert Queue(queues.queue_pair(service_engine.model_name).batch, connection=r).count == 1
     ahead.count_rows()  # what the worker does for the sync jobs it adds after the batch is done
-    assert ahead.num_tokens == service_engine.count_tokens(_request("j0-"))
+    assert ahead.num_tokens == service_engine.compile(_request("j0-")).num_tokens
