@@ -176,8 +176,8 @@ def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_
                                               passes_in_flight, "s", 2)
     score_rows, scored = tasks.score_rows, []
 
-    def score_then_stop(engine, rows, while_waiting=None):
-        score_rows(engine, rows, while_waiting)
+    def score_then_stop(engine, rows, compiled=None, while_waiting=None):
+        score_rows(engine, rows, compiled, while_waiting)
         scored.append([slot.custom_id for slot in rows])
         worker.stop()  # asked to stop during the first batch, with the second job held
 
@@ -197,8 +197,8 @@ def test_a_stopping_worker_takes_no_new_job(make_settings, service_engine, servi
                                                    passes_in_flight, "s", 2)
     score_rows, late = tasks.score_rows, []
 
-    def score_then_stop(engine_, rows, while_waiting=None):
-        score_rows(engine_, rows, while_waiting)
+    def score_then_stop(engine_, rows, compiled=None, while_waiting=None):
+        score_rows(engine_, rows, compiled, while_waiting)
         if not late:
             late.append(_submit(r, worker.settings, engine.model_name, 1, "late", is_sync=True))
             worker.stop()
