@@ -145,7 +145,7 @@ class Engine:
 
     def score_requests(
         self, requests: list[ScoringRequest], while_waiting: Callable[[], bool] | None = None,
-        on_result: Callable[[int], None] | None = None,
+        on_result: Callable[[int, ScoringResponse, tuple[int, ...]], None] | None = None,
     ) -> BatchOutput:
         """`compile` each request, then `score_batch` them (the collector deferred for both)."""
         with cyclic_gc_deferred():
@@ -176,15 +176,16 @@ class Engine:
 
     def score_batch(
         self, compiled: list[CompiledRequest | RequestError], while_waiting: Callable[[], bool] | None = None,
-        on_result: Callable[[int], None] | None = None,
+        on_result: Callable[[int, ScoringResponse, tuple[int, ...]], None] | None = None,
     ) -> BatchOutput:
         """One result per item of `compile`, in order: a response, or the item's RequestError as
         it is. A compiled request is not changed, so it may be scored again. `while_waiting`: a
         step of host work (e.g. a worker gathering its next jobs) run while a pass is on the
         GPU, again while it returns True and the pass is not done; the next launch waits for the
         step in progress, so steps should be short. It must not score on this engine. Not
-        called on CPU. `on_result(i)`: item i's response is built, before the batch's last pass
-        (a worker counts its rows as they are scored)."""
+        called on CPU. `on_result(i, response, pass_ids)`: item i's response is built (every
+        pass it needed has run), before the batch's last pass: a worker settles a sync call
+        there, while the next pass runs, and counts a job's rows as they are scored."""
         with cyclic_gc_deferred():
             return self._score_batch(compiled, while_waiting, on_result)
 

@@ -223,10 +223,10 @@ class SlowEngine:
     def score_batch(self, requests, while_waiting=None, on_result=None):
         time.sleep(self.delay_s)
 
-        def slowly(index: int) -> None:
+        def slowly(index: int, *built) -> None:
             time.sleep(self.row_delay_s)
             if on_result is not None:
-                on_result(index)
+                on_result(index, *built)
 
         return self._engine.score_batch(requests, while_waiting, slowly)
 

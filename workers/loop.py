@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import uuid
+from functools import partial
 from collections.abc import Callable
 
 import orjson
@@ -273,15 +274,41 @@ class GreedyWorker(SimpleWorker):
 
     def _run(self, model: str, held: list[HeldJob]) -> None:
         chunks = [h for h in held if h.work is not None]
-        scored = [h for h in chunks if not h.work.is_cancelled]
+        # sync calls first: their rows are packed into the batch's first pass
+        scored = sorted((h for h in chunks if not h.work.is_cancelled), key=lambda h: not self._is_sync(h))
         rows = [slot for h in scored for slot in h.work.rows]
         compiled = [c for h in scored for c in (h.compiled or [None] * len(h.work.rows))]
         RowProgress(self.connection, [h.work for h in scored])
+        performed = self._perform_when_scored([h for h in scored if self._is_sync(h)])
         tasks.score_rows(self.engines[model], rows, compiled, self._look_ahead())
         self._record_stats(model, rows, sum(h.num_tokens for h in chunks))
         for item in held:
-            self._perform(item)
+            if id(item) not in performed:
+                self._perform(item)
         self.set_state(WorkerStatus.IDLE)
+
+    def _is_sync(self, item: HeldJob) -> bool:
+        return item.queue.name in self._sync_queue_names
+
+    def _perform_when_scored(self, items: list[HeldJob]) -> set[int]:
+        """Perform each of these jobs (sync calls) as soon as the engine has built its last row's
+        response, between passes while the next one runs, not when the whole batch ends; returns
+        the set that receives the ids of the jobs performed so."""
+        performed: set[int] = set()
+        for item in items:
+            pending = [slot for slot in item.work.rows if slot.request is not None]
+            remaining = [len(pending)]
+            for slot in pending:
+                slot.on_scored = partial(self._row_scored, item, remaining, performed, slot.on_scored)
+        return performed
+
+    def _row_scored(self, item: HeldJob, remaining: list[int], performed: set[int], then) -> None:
+        if then is not None:
+            then()  # the row's progress count
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            self._perform(item)
+            performed.add(id(item))
 
     def _perform(self, item: HeldJob) -> None:
         """End a held job as RQ's `perform_job` ends one after calling its function, with

@@ -41,9 +41,11 @@ def score_rows(
     if not todo:
         return
 
-    def on_result(index: int) -> None:
-        if todo[index][0].on_scored is not None:
-            todo[index][0].on_scored()
+    def on_result(index: int, result: ScoringResponse, pass_ids: tuple[int, ...]) -> None:
+        slot = todo[index][0]  # filled as soon as the engine built it, then told (progress, sync)
+        _fill(slot, result, pass_ids)
+        if slot.on_scored is not None:
+            slot.on_scored()
 
     try:
         ready = [done if done is not None else engine.compile(slot.request) for slot, done in todo]
@@ -53,7 +55,8 @@ def score_rows(
             _score_alone(engine, slot, done)
         return
     for (slot, _), result, pass_ids in zip(todo, output.results, output.pass_ids, strict=True):
-        _fill(slot, result, pass_ids)
+        if slot.response is None and slot.error is None:  # not built before the last pass
+            _fill(slot, result, pass_ids)
 
 
 def _score_alone(engine, slot: RowSlot, compiled: CompiledRequest | RequestError | None) -> None:

@@ -55,14 +55,14 @@ class ResponseBuilder:
         model_name: str,
         system_fingerprint: str,
         tokenizer: PreTrainedTokenizerBase,
-        on_done: Callable[[int], None] | None = None,
+        on_done: Callable[[int, ScoringResponse, tuple[int, ...]], None] | None = None,
     ) -> None:
         self.compiled = compiled
         self.floor_cache = floor_cache  # the engine's: floors read in this batch are put in it
         self.model_name = model_name
         self.system_fingerprint = system_fingerprint
         self.tokenizer = tokenizer
-        self.on_done = on_done  # told each request index whose response is built early
+        self.on_done = on_done  # told (index, response, pass ids) of each response built early
         self.logprobs: dict[tuple[int, int, int], list[float]] = {}  # (request, query, combination)
         self.pass_ids: list[set[int]] = [set() for _ in compiled]
         self.usage = [Usage() for _ in compiled]
@@ -106,7 +106,7 @@ class ResponseBuilder:
             ):
                 self._done[index] = self._response(index, request)
                 if self.on_done is not None:
-                    self.on_done(index)
+                    self.on_done(index, self._done[index], tuple(sorted(self.pass_ids[index])))
 
     def _collect_trees(self, batch: PackedBatch, output: RunnerOutput) -> None:
         for packed in batch.trees:

@@ -269,3 +269,46 @@ def test_a_chunk_that_fails_is_retried_then_given_up_on_through_rqs_failure_call
     assert [row["custom_id"] for row in rows] == ["v0", "v1", "v2"]
     assert all(row["error"]["message"] == "not scored: the chunk failed on its last attempt (NoSuchKey)"
                for row in rows)
+
+
+def test_a_sync_call_rides_the_first_pass_and_settles_before_the_batch_ends(make_settings, service_engine_factory):
+    """Sync first: in one batch of several passes, a sync job's rows are packed into the first
+    pass and the job is performed (result written, waiter woken) as soon as that pass is
+    collected, while the batch's later passes are still to run."""
+    engine = service_engine_factory(256)  # a small pass budget: the batch below takes several passes
+    settings = make_settings(chunk_num_rows=2)
+    r = redis.Redis.from_url(settings.redis_url)
+    batch_job = _submit(r, settings, engine.model_name, 6, "b")
+    sync_job = _submit(r, settings, engine.model_name, 1, "s", is_sync=True)
+    worker = make_worker(settings, _GathersEverything(engine))  # one batch takes every queued job
+    launch, seen = engine.runner.launch, []
+
+    def noting(batch):
+        seen.append(records.load_view(r, sync_job).status)  # the sync job's status as each pass starts
+        return launch(batch)
+
+    engine.runner.launch = noting
+    try:
+        assert worker.drain_once(block_s=1)
+    finally:
+        engine.runner.launch = launch
+    assert records.load_view(r, batch_job).status == JobStatus.SUCCEEDED  # the one batch held it all
+    sync_passes = {int(p.decode().rsplit("/", 1)[1]) for p in r.smembers(queues.passes_key(sync_job))}
+    batch_passes = {int(p.decode().rsplit("/", 1)[1]) for p in r.smembers(queues.passes_key(batch_job))}
+    assert len(seen) >= 3 and min(sync_passes) == min(batch_passes | sync_passes)
+    assert seen[-1] == JobStatus.SUCCEEDED, seen  # settled before the batch's last pass launched
+    assert r.lrange(queues.done_key(sync_job), 0, -1) == [b"succeeded"]
+
+
+class _GathersEverything:
+    """An engine whose worker sees an endless pass budget (so one batch holds every queued job)
+    while the engine itself packs that batch into passes of its own, smaller budget."""
+
+    def __init__(self, engine):
+        import dataclasses
+
+        self._engine = engine
+        self.config = dataclasses.replace(engine.config, max_num_batched_tokens=10**9)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)

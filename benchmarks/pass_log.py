@@ -1,0 +1,103 @@
+"""Every pass an engine runs, on the wall clock, and which passes scored which tagged rows.
+
+    PassLog(engine) wraps engine.runner.launch and engine.score_batch (nothing else changes):
+      per pass: {pass_id, tokens, launch, launched, gpu_start, gpu_end}   (time.time() seconds)
+      per tagged row (its last message starts with `[sync-<i>]`): i -> (pass ids, batch end)
+    summary(passes, start, end): passes in [start, end], the median pass time, the time the
+      GPU was busy / idle between passes there, the host's launch time per pass
+
+On CUDA, `gpu_start` / `gpu_end` come from events recorded around each pass's kernels, placed on
+the wall clock through a reference event recorded when the log starts (the GPU idle then); on
+CPU a pass runs inside its launch, so they are the launch's own times.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+
+import torch
+
+TAG_RE = re.compile(r"\[sync-(\d+)\] ")
+
+
+class PassLog:
+    def __init__(self, engine) -> None:
+        self.runner = engine.runner
+        self.is_cuda = self.runner.device.type == "cuda"
+        self._marks: list[tuple[dict, object, object]] = []
+        self.tagged: dict[int, dict] = {}
+        if self.is_cuda:
+            torch.cuda.synchronize()
+            self.reference = torch.cuda.Event(enable_timing=True)
+            self.reference.record()
+            self.reference_wall = time.time()
+        self._wrap_launch()
+        self._wrap_score_batch(engine)
+
+    def _wrap_launch(self) -> None:
+        launch = self.runner.launch
+
+        def logged(batch):
+            row = {"tokens": batch.num_real_tokens, "launch": time.time()}
+            before = after = None
+            if self.is_cuda:
+                before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                before.record()
+            launched = launch(batch)
+            if self.is_cuda:
+                after.record()
+            row |= {"pass_id": self.runner.num_passes, "launched": time.time()}
+            self._marks.append((row, before, after))
+            return launched
+
+        self.runner.launch = logged
+
+    def _wrap_score_batch(self, engine) -> None:
+        score_batch = engine.score_batch
+
+        def logged(requests, *args, **kwargs):
+            output = score_batch(requests, *args, **kwargs)
+            ended = time.time()
+            for request, pass_ids in zip(requests, output.pass_ids, strict=True):
+                request = getattr(request, "request", request)  # a compiled request carries its own
+                match = TAG_RE.match(request.messages[-1].content)
+                if match:
+                    self.tagged[int(match.group(1))] = {"pass_ids": list(pass_ids), "batch_end": ended}
+            return output
+
+        engine.score_batch = logged
+
+    def passes(self) -> list[dict]:
+        """Every pass so far, with its GPU times (waits for the GPU on CUDA)."""
+        if self.is_cuda:
+            torch.cuda.synchronize()
+        rows = []
+        for row, before, after in self._marks:
+            if self.is_cuda:
+                start = self.reference_wall + self.reference.elapsed_time(before) / 1e3
+                end = self.reference_wall + self.reference.elapsed_time(after) / 1e3
+            else:
+                start, end = row["launch"], row["launched"]
+            rows.append(row | {"gpu_start": start, "gpu_end": end})
+        return rows
+
+
+def summary(passes: list[dict], start: float, end: float) -> dict:
+    """The passes that ran on the device inside [start, end], and how busy they kept it."""
+    inside = [p for p in passes if p["gpu_end"] > start and p["gpu_start"] < end]
+    durations = [p["gpu_end"] - p["gpu_start"] for p in inside]
+    busy = sum(min(p["gpu_end"], end) - max(p["gpu_start"], start) for p in inside)
+    gaps = [b["gpu_start"] - a["gpu_end"] for a, b in zip(inside, inside[1:]) if b["gpu_start"] > a["gpu_end"]]
+    return {
+        "num_passes": len(inside),
+        "tokens": sum(p["tokens"] for p in inside),
+        "median_pass_s": statistics.median(durations) if durations else None,
+        "busy_s": busy,
+        "window_s": end - start,
+        "busy_share": busy / (end - start) if end > start else None,
+        "idle_between_passes_s": sum(gaps),
+        "idle_per_pass_s": sum(gaps) / max(1, len(inside) - 1),
+        "host_launch_per_pass_s": statistics.median([p["launched"] - p["launch"] for p in inside]) if inside else None,
+    }
