@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (through the device tool): install the carried wheels, then run
 # the stages named in $@ (tests, kernels, flex, gatedact, throughput:<model>:<workload>[:extra args],
-# parity:<model>, worker:<model>:<workload>[:extra args]: also needs the .whl-worker wheels).
+# parity:<model>, worker:<model>:<workload>[:extra args] and service:<model>:<workload>[:extra args]:
+# these two also need the .whl-worker wheels).
 # Each script writes its result into benchmarks/results/ under the name of what it measures
 # (benchmarks/result_files.py), with $COMMIT inside (the copy there has no .git); this run's
 # new result files and the logs come back in $OUT/run.tgz. See docs/performance.md.
@@ -29,6 +30,8 @@ for stage in "$@"; do
       TORCH_LOGS=recompiles timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/throughput.py --model "$model" --workload "$workload" "${profile[@]}" $extra 2>&1 | tee "$OUT/throughput-$workload-$model-$num.log" | grep -v Warning | tail -40 ;;
     worker) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-worker/*.whl || exit 1
       timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/worker_throughput.py --model "$model" --workload "$workload" $extra 2>&1 | tee "$OUT/worker-$workload-$model-$num.log" | grep -v Warning | tail -20 ;;
+    service) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-worker/*.whl || exit 1
+      timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/service_load.py --model "$model" --workload "$workload" $extra 2>&1 | tee "$OUT/service-$workload-$model-$num.log" | grep -v Warning | tail -30 ;;
     parity) python3 benchmarks/gpu_parity.py --model "$model" --layer-std 0.5 --logit-std 4 1 $extra 2>&1 | tee "$OUT/parity-$model-$num.log" | tail -20 ;;
   esac
   find benchmarks/results -type f -newer /tmp/run.start -exec cp {} "$OUT/results/" \;

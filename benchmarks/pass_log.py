@@ -60,9 +60,9 @@ class PassLog:
         def logged(requests, *args, **kwargs):
             output = score_batch(requests, *args, **kwargs)
             ended = time.time()
-            for request, pass_ids in zip(requests, output.pass_ids, strict=True):
-                request = getattr(request, "request", request)  # a compiled request carries its own
-                match = TAG_RE.match(request.messages[-1].content)
+            for item, pass_ids in zip(requests, output.pass_ids, strict=True):
+                request = getattr(item, "request", None)  # a compiled request carries its own (an error none)
+                match = request is not None and TAG_RE.match(request.messages[-1].content)
                 if match:
                     self.tagged[int(match.group(1))] = {"pass_ids": list(pass_ids), "batch_end": ended}
             return output

@@ -10,7 +10,7 @@
         second, `sync-questions` questions each
     order: the engine alone over every row (warm-up: kernels compiled), a short service round
         (warm-up), the service phase (timed), the same rows through Engine.score_batch (timed)
-    --> benchmarks/results/service-load-<workload>-<model>.{json,md}
+    --> benchmarks/results/service-load-<model>-<workload>.{json,md}
 
 What it reports (benchmarks/pass_log.py times every pass): rows/s and questions/s through HTTP
 and for the engine alone, the share; sync latency p50 / p99 while the batch rows keep the
@@ -139,7 +139,7 @@ def num_questions(plan: dict) -> int:
 
 def time_engine_alone(engine, log: PassLog, requests: list) -> dict:
     start = time.time()
-    output = engine.score_batch(requests)
+    output = engine.score_requests(requests)
     end = time.time()
     failed = sum(not hasattr(result, "results") for result in output.results)
     if failed:
@@ -191,7 +191,7 @@ def main() -> None:
             plan = plan_of(base_url, items, spec, args, args.copies, args.num_sync)
             requests = requests_of(plan)
             print(f"warm-up: the engine alone over {len(requests)} rows", flush=True)
-            engine.score_batch(requests)
+            engine.score_requests(requests)
             print("warm-up: a short service round", flush=True)
             serve_plan(engine, settings, plan_of(base_url, items[:16], spec, args, 1, 10), folder, "warm")
             print("timed: the service phase", flush=True)
@@ -203,7 +203,7 @@ def main() -> None:
             api.wait(timeout=30)
             redis_server.shutdown()
     result = report(args, engine, plan, http, alone)
-    write_pair(f"service-load-{args.workload}-{args.model}", result, markdown(result))
+    write_pair(result, markdown(result), "service-load", args.model, args.workload)
     print(markdown(result))
 
 
