@@ -17,7 +17,7 @@ def _request(calibrate: str | None) -> ScoringRequest:
 
 def test_contextual_p_is_the_floor_divided_answer_and_opt_in(tiny_engine):
     engine = tiny_engine("qwen2")
-    plain, contextual = engine.score_batch([_request(None), _request("contextual")]).results
+    plain, contextual = engine.score_requests([_request(None), _request("contextual")]).results
     raw = plain.results[0].combinations[0].options
     options = contextual.results[0].combinations[0].options
     assert all(o.contextual_p is None for o in raw)
