@@ -32,6 +32,7 @@ import orjson
 import torch
 
 from contract.protocol import ScoringRequest, ScoringResponse
+from contract.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from engine.extraction.decoder import BeamDecoder
 from engine.extraction.decoding import Extraction, SlotJob
 from engine.extraction.slots import SlotVocab
@@ -43,7 +44,6 @@ from engine.pipeline.compiler import compile_floor, compile_request
 from engine.pipeline.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
 from engine.pipeline.pack_requests import PackRequestError, expand_request
 from engine.pipeline.packer import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     leaky_tree_mask,
     pack_trees,
     split_tree,

@@ -25,7 +25,6 @@ from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.pipeline.stages import Branch, PackedBatch, PackedTree, TokenTree, TreeOwner
 from engine.pipeline.tree import build_tree
 
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 PAD_TOKEN_ID = 0
 
 
