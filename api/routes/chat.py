@@ -18,10 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.deps import KeyDep
 from api.errors import ApiError
+from api.json_body import StrictJsonRoute
 from api.sync_calls import score_sync
 from contract.protocol import Message, PackRef, ScoringRequest, ScoringSpec
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 
 
 class TextPart(BaseModel):
