@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.metrics import make_metrics
 from api.middleware import AdmissionMiddleware
+from api.openapi import install_openapi
 from api.routes import batches, chat, decide, files, health, jobs, models, packs, score
 from contract.settings import Settings, get_settings
 from jobstore.s3 import make_client
@@ -38,6 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (health, models, score, chat, jobs, packs, decide, files, batches):
         app.include_router(module.router)
     install_error_handlers(app)
+    install_openapi(app, settings)  # every status, the bearer scheme, text bodies, limits
     app.add_middleware(
         AdmissionMiddleware, settings=settings, aredis=app.state.aredis, latency=app.state.metrics.http_latency
     )

@@ -13,12 +13,14 @@ Every decision of a shared request is a branch of the same read of the state. Pu
 from __future__ import annotations
 
 import hashlib
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.errors import ApiError
 from contract.probability import normalise
-from contract.protocol import Message, Query, ScoringRequest, ScoringSpec
+from contract.protocol import ContentText, Message, Query, ScoringRequest, ScoringSpec, Text
+from contract.settings import LIMITS
 from prompt_packs.orderings import (
     OrderingMode,
     choice_orders,
@@ -39,12 +41,12 @@ class _Strict(BaseModel):
 
 class DecisionOption(_Strict):
     id: str = Field(min_length=1, max_length=100)  # what the result names
-    description: str = Field(min_length=1)  # what the model reads after the option's letter
+    description: Text(LIMITS.max_option_chars, min_chars=1)  # what the model reads after the option's letter
 
 
 class DecisionSpec(_Strict):
     id: str | None = Field(default=None, min_length=1, max_length=100)  # shared: default "d<index>"
-    question: str = Field(min_length=1)
+    question: Text(LIMITS.max_template_chars, min_chars=1)
     options: list[DecisionOption] = Field(min_length=2)
     orderings: OrderingMode = "one"  # "rotations" / "all" (<= 4 options): ask every order, average
     workload: str | None = None  # a settings.workloads name: adds `calibrated` when it has a temperature
@@ -61,13 +63,13 @@ class DecisionSpec(_Strict):
 
 
 class DecideRequest(DecisionSpec):
-    model: str | None = None
-    state: str = Field(min_length=1)  # the content, read once (as the user message)
+    model: Text(LIMITS.max_id_chars) | None = None
+    state: Annotated[ContentText, Field(min_length=1)]  # the content, read once (as the user message)
 
 
 class SharedDecideRequest(_Strict):
-    model: str | None = None
-    state: str = Field(min_length=1)
+    model: Text(LIMITS.max_id_chars) | None = None
+    state: Annotated[ContentText, Field(min_length=1)]
     decisions: list[DecisionSpec] = Field(min_length=1, max_length=MAX_NUM_DECISIONS)
 
     @model_validator(mode="after")

@@ -1,7 +1,12 @@
 """Error bodies in the OpenAI shape: {"error": {"message", "type", "param", "code"}}.
 
-    RequestValidationError (malformed body) -> 422, `param` names the first bad field
-    HTTPException (401/403/404/409/413/429/504)  -> same shape, headers kept (Retry-After)
+    RequestValidationError (malformed body) -> 422, `param` names the first bad field ("body"
+        for a body that is not JSON: the message gives the byte offset, api/json_body.py)
+    pydantic ValidationError raised in a route (a request built from the body, e.g. a
+        decision's queries past a limit) -> the same 422
+    HTTPException (400/401/403/404/409/413/429/504)  -> same shape, headers kept (Retry-After)
+Messages are made printable UTF-8 (a lone surrogate is shown as its escape), so an error
+reply can always be written.
 """
 
 from __future__ import annotations
@@ -11,10 +16,11 @@ import re
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 _FIELD_PREFIX_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
-_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
           413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 504: "timeout_error"}
 
 
@@ -27,7 +33,13 @@ class ApiError(HTTPException):
         self.extra = extra
 
 
+def printable(text: str) -> str:
+    """`text` as valid UTF-8 (lone surrogates escaped)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(status_code: int, message: str, param: str | None = None, **extra) -> dict:
+    message, param = printable(message), None if param is None else printable(param)
     return {"error": {"message": message, "type": _TYPES.get(status_code, "api_error"), "param": param,
                       "code": status_code, **extra}}
 
@@ -46,13 +58,23 @@ def _refine(param: str, message: str) -> tuple[str, str]:
     return param, message
 
 
+def _validation_reply(errors: list) -> JSONResponse:
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid body"}
+    if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+        param, detail = "body", f"not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}"
+    else:
+        param, detail = _refine(field_of(tuple(first["loc"])), first["msg"])
+    return JSONResponse(status_code=422, content=error_body(422, f"{param}: {detail}", param))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {"loc": ("body",), "msg": "invalid body"}
-        param, detail = _refine(field_of(tuple(first["loc"])), first["msg"])
-        message = f"{param}: {detail}"
-        return JSONResponse(status_code=422, content=error_body(422, message, param))
+        return _validation_reply(error.errors())
+
+    @app.exception_handler(ValidationError)
+    async def _invalid_built(request: Request, error: ValidationError) -> JSONResponse:
+        return _validation_reply(error.errors())
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, error: HTTPException) -> JSONResponse:

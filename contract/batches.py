@@ -18,8 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+
 from contract.files import ExpiresAfter
 from contract.pages import ListPage
+from contract.protocol import plain_text
 
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600
@@ -72,6 +74,8 @@ class BatchCreate(BaseModel):
                 raise ValueError(f"key {key[:20]!r}...: at most {MAX_METADATA_KEY_CHARS} characters")
             if len(value) > MAX_METADATA_VALUE_CHARS:
                 raise ValueError(f"{key}: a value has at most {MAX_METADATA_VALUE_CHARS} characters")
+            plain_text(key)
+            plain_text(value)
         return metadata
 
 

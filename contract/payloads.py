@@ -20,7 +20,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from contract.pages import ListPage
-from contract.protocol import Message, PackRef, ScoringRequest, ScoringSpec, Usage
+from contract.protocol import ContentText, check_content_size, IdText, Message, PackRef, ScoringRequest, ScoringSpec, Text, Usage
+from contract.settings import LIMITS
 from contract.s3_uri import parse_s3_uri
 
 
@@ -43,17 +44,19 @@ class JobStatus(str, enum.Enum):
 class JobItem(_Strict):
     """One row: `messages`, or `text` as a single user message."""
 
-    custom_id: str = Field(max_length=512)
-    messages: list[Message] | None = Field(default=None, min_length=1)
-    text: str | None = None
+    custom_id: Text(LIMITS.max_custom_id_chars)
+    messages: list[Message] | None = Field(default=None, min_length=1, max_length=LIMITS.max_messages)
+    text: ContentText | None = None
     # ids of the two-option queries whose first option is right for this row: the job then
     # gets a calibration report (docs/calibration.md); the row's result carries them back
-    labels: list[str] | None = None
+    labels: list[IdText] | None = Field(default=None, max_length=LIMITS.max_queries)
 
     @model_validator(mode="after")
     def _one_of(self) -> JobItem:
         if (self.messages is None) == (self.text is None):
             raise ValueError("give exactly one of `messages` or `text`")
+        if self.messages is not None:
+            check_content_size(self.messages)
         return self
 
     def to_messages(self) -> list[Message]:
@@ -108,7 +111,18 @@ class JobCreate(JobSpec):
             raise ValueError("output: inline jobs keep their results in the service; drop `output`")
         if not self.scoring.queries and not self.packs:
             raise ValueError("scoring.queries: give at least one query, or name a pack in `packs`")
+        _check_unique_custom_ids(self.items or [])
         return self
+
+
+def _check_unique_custom_ids(items: list[JobItem]) -> None:
+    """A custom_id names one row of a job: a repeated one is refused (a 422 naming both items)."""
+    first_index: dict[str, int] = {}
+    for index, item in enumerate(items):
+        earlier = first_index.setdefault(item.custom_id, index)
+        if earlier != index:
+            raise ValueError(f"items: items[{index}].custom_id {item.custom_id!r} repeats items[{earlier}]'s;"
+                             " each row needs its own custom_id")
 
 
 class ByteRange(_Strict):

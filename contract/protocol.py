@@ -7,13 +7,19 @@ One request is one content (its `messages`) and the questions asked about it: op
 queries (`{?}`, scored over the caller's options) and extraction slots (`{*}` `{n}` `{$}`,
 decoded from the same read; docs/extraction.md). The same response object is the body of `/v1/score`, the `scoring` field of a chat completion and
 the `response` of a job result row. docs/scoring-api.md defines every field.
+
+Every text field is plain text (`Text`: no U+0000, no lone surrogate) and every size is
+bounded by `contract.settings.LIMITS` (docs/service.md, "Limits"): per field as maxLength /
+maxItems (so in /openapi.json), across fields in the validators (queries x combinations,
+scored options, question text, content).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from contract.settings import LIMITS
 from contract.templates import (
     EXTRACTION_SLOTS,
     OPTION_SLOT,
@@ -32,8 +39,8 @@ from contract.templates import (
 )
 
 MIN_NUM_OPTIONS = 2
-MAX_NUM_OPTIONS = 255
-MAX_NUM_COMBINATIONS = 4096  # per query: a grid larger than this is almost surely a mistake
+MAX_NUM_OPTIONS = LIMITS.max_options
+MAX_NUM_COMBINATIONS = LIMITS.max_combinations  # per query: a grid larger than this is almost surely a mistake
 DEFAULT_BEAM_WIDTH = 5  # extraction: hypotheses kept per step, and answers returned
 MAX_BEAM_WIDTH = 32
 DEFAULT_EXTRACT_MAX_TOKENS = 16  # extraction answers are short: a name, a month, a number
@@ -42,24 +49,49 @@ MAX_SLOT_TOKENS = 512
 SLOT_FIELDS = ("mode", "beam_width", "max_tokens", "seed", "temperature", "floor")  # extraction-only fields
 
 
+
+
+def plain_text(text: str) -> str:
+    """`text` when it is plain Unicode text: no U+0000 (NUL), no lone surrogate."""
+    if "\x00" in text:
+        raise ValueError(f"contains U+0000 (NUL) at character {text.index(chr(0))}; remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"a lone surrogate at character {error.start}; text must be valid Unicode") from None
+    return text
+
+
+def Text(max_chars: int, min_chars: int = 0):  # noqa: N802 - a type
+    """A plain-text string of at most `max_chars` characters."""
+    return Annotated[str, Field(min_length=min_chars, max_length=max_chars), AfterValidator(plain_text)]
+
+
+ContentText = Text(LIMITS.max_content_chars)
+OptionText = Text(LIMITS.max_option_chars)
+ValueText = Text(LIMITS.max_value_chars)
+IdText = Text(LIMITS.max_id_chars, min_chars=1)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Message(_Strict):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: ContentText
     # what the engine renders for this message when it computes floors (None: "" for a user
     # message, the content itself otherwise); a pack presentation keeps its frame here, e.g.
     # "Customer support message:\n", so a floor empties only the content inside it
-    floor_content: str | None = None
+    floor_content: ContentText | None = None
 
 
 class Query(_Strict):
-    id: str = Field(min_length=1, max_length=200)
-    template: str = Field(min_length=1)
-    options: list[str] = Field(default_factory=list)
-    values: dict[str, list[str]] = Field(default_factory=dict)
+    id: IdText
+    template: Text(LIMITS.max_template_chars, min_chars=1)
+    options: list[OptionText] = Field(default_factory=list, max_length=LIMITS.max_options)
+    values: dict[Text(64, min_chars=1), list[ValueText]] = Field(default_factory=dict,
+                                                                 max_length=LIMITS.max_placeholders)
     # "user": the template continues the final message; "assistant": the user turn is
     # closed and an assistant turn opened before the template.
     answer_in: Literal["user", "assistant"] = "user"
@@ -160,7 +192,7 @@ def _check_options(options: list[str]) -> None:
 
 class ScoringSpec(_Strict):
     # may be empty only in a request that names packs (ScoringRequest checks it)
-    queries: list[Query] = Field(default_factory=list)
+    queries: list[Query] = Field(default_factory=list, max_length=LIMITS.max_queries)
 
     @field_validator("queries")
     @classmethod
@@ -169,19 +201,39 @@ class ScoringSpec(_Strict):
         duplicates = sorted({i for i in ids if ids.count(i) > 1})
         if duplicates:
             raise ValueError(f"duplicate query id(s) {duplicates}; ids must be unique")
+        _check_sizes(queries)
         return queries
 
 
+def _check_sizes(queries: list[Query]) -> None:
+    """The limits across queries: grids, scored options and question text, all queries together."""
+    num_combinations = num_scored = num_chars = 0
+    for query in queries:
+        grid = 1
+        for items in query.values.values():
+            grid *= len(items)
+        num_combinations += grid
+        num_scored += grid * len(query.options)
+        num_chars += grid * (len(query.template) + sum(map(len, query.options)))
+    for total, limit, what in (
+        (num_combinations, LIMITS.max_request_combinations, "queries x combinations"),
+        (num_scored, LIMITS.max_scored_options, "combinations x options (scored options)"),
+        (num_chars, LIMITS.max_question_chars, "combinations x (template + options) characters"),
+    ):
+        if total > limit:
+            raise ValueError(f"the queries ask {total} {what}; the limit is {limit}: split the request")
+
+
 class PackRef(_Strict):
-    id: str = Field(min_length=1, max_length=200)  # a loaded pack, e.g. "spinf/moderation" (GET /v1/packs)
+    id: IdText  # a loaded pack, e.g. "spinf/moderation" (GET /v1/packs)
 
 
 class ScoringRequest(_Strict):
-    model: str | None = None  # None: the server's default model
-    messages: list[Message] = Field(min_length=1)
+    model: Text(LIMITS.max_id_chars) | None = None  # None: the server's default model
+    messages: list[Message] = Field(min_length=1, max_length=LIMITS.max_messages)
     scoring: ScoringSpec = Field(default_factory=ScoringSpec)
     # prompt packs answered from the same read as `scoring.queries` (docs/prompt-packs.md)
-    packs: list[PackRef] = Field(default_factory=list)
+    packs: list[PackRef] = Field(default_factory=list, max_length=LIMITS.max_queries)
     debug: bool = False  # adds rendered text and token ids per combination
     # a finished job of the same key whose batch priors fill `batch_p` on this reply's
     # options (queries the job asked with calibrate "batch"; docs/calibration.md)
@@ -195,7 +247,15 @@ class ScoringRequest(_Strict):
         duplicates = sorted({i for i in ids if ids.count(i) > 1})
         if duplicates:
             raise ValueError(f"packs: pack(s) {duplicates} named more than once")
+        check_content_size(self.messages)
         return self
+
+
+def check_content_size(messages: list[Message]) -> None:
+    num_chars = sum(len(m.content) + len(m.floor_content or "") for m in messages)
+    if num_chars > LIMITS.max_content_chars:
+        raise ValueError(f"messages: the content is {num_chars} characters (content and floor_content of every"
+                         f" message); the limit is {LIMITS.max_content_chars}")
 
 
 # ---- response --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # engine/loading/model_registry.py serves it under this name
@@ -98,3 +98,36 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+# ---- request limits (docs/service.md "Limits") ------------------------------------------------
+
+
+class RequestLimits(BaseModel):
+    """What one scoring request may ask: a /v1/score or chat call, a /v1/decide call, a row of
+    a job, a batch line. Checked when the request is validated (a 422 naming the field and the
+    limit, before anything is queued); the per-field ones are in /openapi.json as maxLength /
+    maxItems. Characters, not tokens: the API has no tokenizer, and a byte-level BPE makes at
+    most one token per UTF-8 byte, so tokenizing an admitted request is bounded; the model's
+    own limit in tokens (its context) is the worker's check, an error row. The defaults admit
+    a 400-question, 255-choice decision request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_messages: int = 256  # messages of one request
+    max_content_chars: int = 262_144  # all messages' content and floor_content together
+    max_queries: int = 1_024  # queries of one request (packs' questions not counted)
+    max_id_chars: int = 200  # a query id, a pack id
+    max_template_chars: int = 65_536  # one template
+    max_options: int = 255  # options of one {?} query
+    max_option_chars: int = 4_096  # one option
+    max_placeholders: int = 16  # named placeholders of one template (keys of `values`)
+    max_value_chars: int = 4_096  # one placeholder value
+    max_combinations: int = 4_096  # one query's grid of values
+    max_request_combinations: int = 16_384  # queries x combinations: the grids of every query together
+    max_scored_options: int = 131_072  # combinations x options, every query together
+    max_question_chars: int = 8_388_608  # combinations x (template + its options), every query together
+    max_custom_id_chars: int = 512  # a row's custom_id
+
+
+LIMITS = RequestLimits()  # the limits every request is validated against

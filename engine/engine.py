@@ -172,7 +172,29 @@ class Engine:
                 f"the content with its longest question and option is {compiled.max_num_tokens} tokens;"
                 f" this model reads at most {self.max_context_tokens}: shorten the content",
             )
+        num_floor_tokens = self._max_floor_tokens(compiled)
+        if num_floor_tokens > self.max_context_tokens:
+            return RequestError(
+                "messages.floor_content",
+                f"the floor prompt (floor_content) with its longest question and option is up to {num_floor_tokens}"
+                f" tokens; this model reads at most {self.max_context_tokens}: shorten floor_content",
+            )
         return compiled
+
+    def _max_floor_tokens(self, compiled: CompiledRequest) -> int:
+        """A bound on the longest floor sequence: its prefix's tokens and the longest branch past the
+        trunk. A prefix of fewer UTF-8 bytes than the context needs no tokenizer (a token is at
+        least one byte), which is every floor without a long floor_content."""
+        prefixes = {key.empty_prefix for key in compiled.floor_keys}
+        past_trunk = compiled.max_num_tokens - compiled.tree.num_trunk_tokens
+        longest = 0
+        for prefix in prefixes:
+            num_bytes = len(prefix.encode("utf-8"))
+            if num_bytes + past_trunk <= self.max_context_tokens:
+                longest = max(longest, num_bytes + past_trunk)
+                continue
+            longest = max(longest, len(self.tokenize([prefix])[0]) + past_trunk)
+        return longest
 
     def score_batch(
         self, compiled: list[CompiledRequest | RequestError], while_waiting: Callable[[], bool] | None = None,

@@ -1,6 +1,8 @@
 """A job's life in the store: create, plan, settle each chunk (scored, dead or cancelled),
 finalize, cancel. Every step that moves a job or a chunk is here; no engine.
 
+    (a job's record, its owner index entry and its queue entries are one MULTI/EXEC: a
+    payload that cannot be serialized or a failed write leaves no record behind)
     submit_inline:  record (queued) -> ChunkPayload x N (chunk_num_rows rows each) -> batch | sync queue
     submit_requests: record (queued) -> ChunkPayload(requests: each row its own request, a
                     batch's valid lines) x N -> batch queue
@@ -73,11 +75,13 @@ def submit_inline(
     ]
     fields = {"owner": owner, "model": model, "kind": "sync" if is_sync else "inline"}
     fields |= {"num_rows": len(items), "num_chunks": len(payloads)}
-    records.create_job(r, job_id, fields)
-    if not is_sync:  # /v1/score and chat calls are not listed in GET /v1/jobs
-        owner_index.add(r, owner_index.JOBS, owner, job_id)
     pair = queues.queue_pair(model)
-    enqueue_chunks(r, settings, payloads, pair.sync if is_sync else pair.batch)
+    with r.pipeline() as pipe:  # the record with its queue entries, or nothing
+        records.create_job(r, job_id, fields, pipe)
+        if not is_sync:  # /v1/score and chat calls are not listed in GET /v1/jobs
+            owner_index.add(r, owner_index.JOBS, owner, job_id, pipe)
+        enqueue_chunks(r, settings, payloads, pair.sync if is_sync else pair.batch, pipe)
+        pipe.execute()
     return job_id
 
 
@@ -92,9 +96,11 @@ def submit_requests(
         for index, start in enumerate(range(0, len(rows), size))
     ]
     fields = {"owner": owner, "model": model, "kind": "batch", "batch_id": batch_id}
-    records.create_job(r, job_id, fields | {"num_rows": len(rows), "num_chunks": len(payloads)})
-    owner_index.add(r, owner_index.JOBS, owner, job_id)
-    enqueue_chunks(r, settings, payloads, queues.queue_pair(model).batch)
+    with r.pipeline() as pipe:  # the record with its queue entries, or nothing
+        records.create_job(r, job_id, fields | {"num_rows": len(rows), "num_chunks": len(payloads)}, pipe)
+        owner_index.add(r, owner_index.JOBS, owner, job_id, pipe)
+        enqueue_chunks(r, settings, payloads, queues.queue_pair(model).batch, pipe)
+        pipe.execute()
     return job_id
 
 
@@ -107,9 +113,11 @@ def submit_dataset(
     plan = PlanPayload(job_id=job_id, **_spec(model, scoring, debug, packs).spec_fields(), input=input_uri,
                        output=output_uri, chunk_num_rows=settings.chunk_num_rows)
     fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri}
-    records.create_job(r, job_id, fields)
-    owner_index.add(r, owner_index.JOBS, owner, job_id)
-    enqueue_plan(r, settings, plan)
+    with r.pipeline() as pipe:  # the record with its plan step, or nothing
+        records.create_job(r, job_id, fields, pipe)
+        owner_index.add(r, owner_index.JOBS, owner, job_id, pipe)
+        enqueue_plan(r, settings, plan, pipe)
+        pipe.execute()
     return job_id
 
 

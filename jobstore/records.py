@@ -89,9 +89,10 @@ def now() -> int:
     return int(time.time())
 
 
-def create_job(r: Redis, job_id: str, fields: dict[str, str | int]) -> None:
+def create_job(r: Redis, job_id: str, fields: dict[str, str | int], pipe=None) -> None:
+    """The job's record, queued; `pipe`: written with the pipeline (lifecycle: with its queue entries)."""
     record = {"id": job_id, "status": JobStatus.QUEUED.value, "created_at": now(), **fields}
-    r.hset(queues.job_key(job_id), mapping={k: str(v) for k, v in record.items()})
+    (pipe or r).hset(queues.job_key(job_id), mapping={k: str(v) for k, v in record.items()})
 
 
 def load_job(r: Redis, job_id: str) -> dict[str, str] | None:

@@ -12,6 +12,7 @@ job is made of, and when, is `jobstore.lifecycle`'s. Pure python.
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 
 from redis import Redis
 from rq import Callback, Queue, Retry
@@ -33,27 +34,37 @@ def make_queue(r: Redis, name: str) -> Queue:
     return Queue(name, connection=r, serializer=queues.JsonSerializer)
 
 
-def enqueue_chunks(r: Redis, settings: Settings, chunks: list[ChunkPayload], queue_name: str) -> None:
-    """Validate and enqueue chunk payloads; the queued-rows gauge rises by their rows."""
+def enqueue_chunks(r: Redis, settings: Settings, chunks: list[ChunkPayload], queue_name: str, pipe=None) -> None:
+    """Validate and enqueue chunk payloads; the queued-rows gauge rises by their rows. With
+    `pipe` (a transaction), they join it and the caller executes it: every entry or none."""
     if not chunks:
         return
     job_id = chunks[0].job_id
     queue = make_queue(r, queue_name)
     datas = [_job_data(settings, queues.CHUNK_FUNC, chunk_rq_id(job_id, c.chunk_index), c) for c in chunks]
-    with r.pipeline() as pipe:
-        pipe.incrby(queues.QUEUED_ROWS_KEY, sum(c.num_rows for c in chunks))
-        pipe.sadd(queues.rq_ids_key(job_id), *[d.job_id for d in datas])
-        queue.enqueue_many(datas, pipeline=pipe)
-        pipe.execute()
+    with _transaction(r, pipe) as tx:
+        tx.incrby(queues.QUEUED_ROWS_KEY, sum(c.num_rows for c in chunks))
+        tx.sadd(queues.rq_ids_key(job_id), *[d.job_id for d in datas])
+        queue.enqueue_many(datas, pipeline=tx)
 
 
-def enqueue_plan(r: Redis, settings: Settings, plan: PlanPayload) -> None:
-    """Validate and enqueue a dataset's plan step on its model's batch queue."""
+def enqueue_plan(r: Redis, settings: Settings, plan: PlanPayload, pipe=None) -> None:
+    """Validate and enqueue a dataset's plan step on its model's batch queue (`pipe`: as enqueue_chunks)."""
     data = _job_data(settings, queues.PLAN_FUNC, f"{plan.job_id}-plan", plan)
-    with r.pipeline() as pipe:
-        pipe.sadd(queues.rq_ids_key(plan.job_id), data.job_id)
-        make_queue(r, queues.queue_pair(plan.model).batch).enqueue_many([data], pipeline=pipe)
-        pipe.execute()
+    with _transaction(r, pipe) as tx:
+        tx.sadd(queues.rq_ids_key(plan.job_id), data.job_id)
+        make_queue(r, queues.queue_pair(plan.model).batch).enqueue_many([data], pipeline=tx)
+
+
+@contextmanager
+def _transaction(r: Redis, pipe):
+    """The caller's pipeline as it is, else a new transaction executed on leaving (discarded on an error)."""
+    if pipe is not None:
+        yield pipe
+        return
+    with r.pipeline() as tx:
+        yield tx
+        tx.execute()
 
 
 def _job_data(settings: Settings, func: str, rq_id: str, payload: ChunkPayload | PlanPayload):

@@ -14,6 +14,7 @@ from fastapi import APIRouter, BackgroundTasks, Query, Request
 from api.batch_steps import advance, steps_of
 from api.deps import KeyDep, SettingsDep
 from api.errors import ApiError
+from api.json_body import StrictJsonRoute
 from api.line_endpoints import ENDPOINTS
 from contract.batches import Batch, BatchCreate, BatchList, BatchStatus
 from jobstore import batches, files
@@ -21,7 +22,7 @@ from jobstore.batches import BatchRecord
 from jobstore.owner_index import UnknownCursorError
 from jobstore.lifecycle import cancel
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 DEFAULT_LIST_LIMIT = 20  # OpenAI's default for GET /v1/batches
 
 

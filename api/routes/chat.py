@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, Request
@@ -18,21 +18,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.deps import KeyDep
 from api.errors import ApiError
+from api.json_body import StrictJsonRoute
 from api.sync_calls import score_sync
-from contract.protocol import Message, PackRef, ScoringRequest, ScoringSpec
+from contract.protocol import ContentText, Message, PackRef, ScoringRequest, ScoringSpec, Text
+from contract.settings import LIMITS
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: ContentText
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # name, tool fields: not used for scoring
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: ContentText | Annotated[list[TextPart], Field(max_length=LIMITS.max_messages)]
 
     def to_message(self) -> Message:
         text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
@@ -41,10 +43,10 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")  # temperature, max_tokens...: nothing is generated
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    model: Text(LIMITS.max_id_chars) | None = None
+    messages: list[ChatMessage] = Field(min_length=1, max_length=LIMITS.max_messages)
     scoring: ScoringSpec | None = None
-    packs: list[PackRef] = Field(default_factory=list)  # prompt packs, from the same read
+    packs: list[PackRef] = Field(default_factory=list, max_length=LIMITS.max_queries)  # prompt packs, from the same read
     debug: bool = False
 
 

@@ -15,9 +15,10 @@ from api.decisions import (
     scoring_request,
 )
 from api.deps import KeyDep, SettingsDep
+from api.json_body import StrictJsonRoute
 from api.sync_calls import score_sync
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 
 
 @router.post("/v1/decide")

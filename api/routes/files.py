@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from api.deps import KeyDep, RedisDep, S3Dep
 from api.errors import ApiError
+from api.json_body import StrictJsonRoute
 from contract.files import (
     UPLOAD_PURPOSES,
     ExpiresAfter,
@@ -30,7 +31,7 @@ from contract.files import (
 from jobstore import files
 from jobstore.owner_index import UnknownCursorError
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 MAX_FILE_LIST_LIMIT = 10_000  # OpenAI's bound for GET /v1/files
 
 

