@@ -31,7 +31,7 @@ def test_no_request_gets_a_5xx(app, bearer):
         @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
         @given(case=test)
         def run(case):
-            case.headers = (case.headers or {}) | bearer("alice")
+            case.headers = {**(case.headers or {}), **bearer("alice")}
             response = case.call()
             assert response.status_code < 500, (case.method, case.path, response.text[:300])
             if response.status_code < 400:
