@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,12 +56,14 @@ from engine.pipeline.runner import ModelRunner
 from engine.pipeline.stages import (
     BatchOutput,
     CompiledRequest,
+    FloorKey,
     RequestError,
     TokenTree,
     TreeOwner,
 )
 from engine.pipeline.tokenize import Tokenize
 from engine.pipeline.tree import build_tree
+from engine.pipeline.warm_up import warm_up_batches
 from prompt_packs.registry import PackRegistry
 
 # CUDA only. The GPU waits for the first pass's packing (~35 ms for 16k tokens), so the first
@@ -151,6 +154,20 @@ class Engine:
         with cyclic_gc_deferred():
             return self.score_batch([self.compile(request) for request in requests], while_waiting, on_result)
 
+    def warm_up(self) -> int:
+        """CUDA: run one pass of each padded size the pass budget allows (engine/pipeline/
+        warm_up.py), so no live pass pays for compiling a kernel; returns the passes run (0 on
+        CPU, where nothing compiles)."""
+        if self.runner.device.type != "cuda":
+            return 0
+        from engine.layers.attention_cuda import BUCKET
+
+        pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
+        batches = list(warm_up_batches(pack, self.config.max_num_batched_tokens, BUCKET, self.max_context_tokens))
+        for batch in batches:
+            self.runner.run(batch)
+        return len(batches)
+
     def compile(self, request: ScoringRequest) -> CompiledRequest | RequestError:
         """The request as the passes read it, or what to fix. The one admission of a request:
         the model it names, its packs, its templates as rendered and tokenized, the slot kinds
@@ -199,6 +216,7 @@ class Engine:
     def score_batch(
         self, compiled: list[CompiledRequest | RequestError], while_waiting: Callable[[], bool] | None = None,
         on_result: Callable[[int, ScoringResponse, tuple[int, ...]], None] | None = None,
+        arrivals: Callable[[], list[CompiledRequest | RequestError]] | None = None,
     ) -> BatchOutput:
         """One result per item of `compile`, in order: a response, or the item's RequestError as
         it is. A compiled request is not changed, so it may be scored again. `while_waiting`: a
@@ -207,15 +225,20 @@ class Engine:
         step in progress, so steps should be short. It must not score on this engine. Not
         called on CPU. `on_result(i, response, pass_ids)`: item i's response is built (every
         pass it needed has run), before the batch's last pass: a worker settles a sync call
-        there, while the next pass runs, and counts a job's rows as they are scored."""
+        there, while the next pass runs, and counts a job's rows as they are scored.
+        `arrivals()`: requests that arrived since it was last called (a worker's sync calls),
+        asked each time the packer is about to take the next request; they are packed before
+        the rest (so they ride the next pass packed) and get the indices after the ones
+        before them, in `on_result` and in the output."""
         with cyclic_gc_deferred():
-            return self._score_batch(compiled, while_waiting, on_result)
+            return self._score_batch(list(compiled), while_waiting, on_result, arrivals)
 
-    def _score_batch(self, compiled: list[CompiledRequest | RequestError], while_waiting, on_result=None) -> BatchOutput:
+    def _score_batch(self, compiled: list[CompiledRequest | RequestError], while_waiting, on_result=None,
+                     arrivals=None) -> BatchOutput:
         builder = self._response_builder(compiled, on_result)
         pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), pack)
-        batches = pack(self._trees(compiled, builder), self.config.max_num_batched_tokens,
+        batches = pack(self._trees(builder, arrivals), self.config.max_num_batched_tokens,
                        first_max_num_tokens=self.first_pass_tokens)
         for batch, output in self.runner.run_all(batches, while_waiting):
             builder.collect(batch, output)
@@ -252,17 +275,30 @@ class Engine:
         return self._packs
 
     def _trees(
-        self, compiled: list[CompiledRequest | RequestError], builder: ResponseBuilder
+        self, builder: ResponseBuilder, arrivals: Callable[[], list[CompiledRequest | RequestError]] | None = None
     ) -> Iterator[tuple[TreeOwner, TokenTree]]:
-        """Floors first (small; every request waits for its floors), then each request's tree."""
-        for key in builder.missing_floors():
-            yield TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
+        """Floors first (small; every request waits for its floors), then each request's tree;
+        before each request, what `arrivals` brings: its floors, then its trees, ahead of the rest."""
+        yield from self._floor_trees(builder.missing_floors())
         budget = self.config.max_num_batched_tokens
-        for index, request in enumerate(compiled):
+        waiting = deque(range(len(builder.compiled)))
+        while True:
+            if arrivals is not None and (arrived := arrivals()):
+                first = len(builder.compiled)
+                yield from self._floor_trees(builder.admit(arrived))
+                waiting.extendleft(reversed(range(first, first + len(arrived))))
+            if not waiting:
+                return
+            index = waiting.popleft()
+            request = builder.compiled[index]
             if isinstance(request, RequestError):
                 continue
             for tree in split_tree(request.tree, budget):
                 yield TreeOwner(index), tree
+
+    def _floor_trees(self, keys: list[FloorKey]) -> Iterator[tuple[TreeOwner, TokenTree]]:
+        for key in keys:
+            yield TreeOwner(-1, key), build_tree([compile_floor(key, self.tokenize)])
 
 
 def fingerprint(weights_sha256: str, dtype: torch.dtype, device: torch.device, quantization: str = "none") -> str:

@@ -57,23 +57,40 @@ class ResponseBuilder:
         tokenizer: PreTrainedTokenizerBase,
         on_done: Callable[[int, ScoringResponse, tuple[int, ...]], None] | None = None,
     ) -> None:
-        self.compiled = compiled
+        self.compiled = compiled  # the batch's list: `admit` appends the requests that arrive during it
         self.floor_cache = floor_cache  # the engine's: floors read in this batch are put in it
         self.model_name = model_name
         self.system_fingerprint = system_fingerprint
         self.tokenizer = tokenizer
         self.on_done = on_done  # told (index, response, pass ids) of each response built early
         self.logprobs: dict[tuple[int, int, int], list[float]] = {}  # (request, query, combination)
-        self.pass_ids: list[set[int]] = [set() for _ in compiled]
-        self.usage = [Usage() for _ in compiled]
+        self.pass_ids: list[set[int]] = []
+        self.usage: list[Usage] = []
         self._floor_first_user: dict[FloorKey, int] = {}
         self.floor_p: dict[FloorKey, tuple[float, ...]] = {}  # held here: the cache may evict
         self.slot_answers: dict[tuple[int, int, int], tuple[list[SlotAnswer], float]] = {}
         self._done: dict[int, ScoringResponse] = {}  # responses built as soon as their last score came in
-        for index, request in enumerate(compiled):
+        self._count_floors(0)
+
+    def admit(self, arrived: list[CompiledRequest | RequestError]) -> list[FloorKey]:
+        """Requests that arrived while the batch runs (a worker's sync calls), appended to it;
+        returns the floors they need that nobody in the batch has read or asked for yet."""
+        first = len(self.compiled)
+        known = set(self._floor_first_user)
+        self.compiled.extend(arrived)
+        self._count_floors(first)
+        return [key for key in self._floor_first_user if key not in known]
+
+    def _count_floors(self, first: int) -> None:
+        """Usage and floor bookkeeping of requests `first`.. : a floor is cached, read by the
+        first request that needs it, or shared with that one."""
+        for index in range(first, len(self.compiled)):
+            request = self.compiled[index]
+            self.pass_ids.append(set())
+            self.usage.append(Usage())
             if isinstance(request, CompiledRequest):
                 for key in request.floor_keys:
-                    cached = floor_cache.get(key)
+                    cached = self.floor_cache.get(key)
                     if cached is not None:
                         self.floor_p[key] = cached
                         self.usage[index].floors_cached += 1
