@@ -171,6 +171,8 @@ def main() -> None:
     parser.add_argument("--sync-rate", type=float, default=5.0, help="sync calls per second")
     parser.add_argument("--sync-questions", type=int, default=5)
     parser.add_argument("--chunk-num-rows", type=int, default=8, help="rows per chunk job (the API's setting)")
+    parser.add_argument("--worker-batch-passes", type=int, default=Settings().worker_batch_passes,
+                        help="full passes of rows a worker gathers per batch (SPINF_WORKER_BATCH_PASSES)")
     parser.add_argument("--commit", default=None)
     args = parser.parse_args()
 
@@ -187,9 +189,10 @@ def main() -> None:
         api, base_url = start_api(url, engine.model_name, args.chunk_num_rows, folder)
         try:
             settings = Settings(redis_url=url, data_dir=folder / "data", chunk_num_rows=args.chunk_num_rows,
-                                default_model=engine.model_name)
+                                default_model=engine.model_name, worker_batch_passes=args.worker_batch_passes)
             plan = plan_of(base_url, items, spec, args, args.copies, args.num_sync)
             requests = requests_of(plan)
+            print(f"warm-up: one pass of each padded size ({engine.warm_up()} passes)", flush=True)
             print(f"warm-up: the engine alone over {len(requests)} rows", flush=True)
             engine.score_requests(requests)
             print("warm-up: a short service round", flush=True)
@@ -223,7 +226,7 @@ def report(args, engine, plan: dict, http: dict, alone: dict) -> dict:
         "model": args.model, "device": engine.runner.device.type, "gpu": _gpu_name(),
         "dtype": engine.dtype_name, "max_num_batched_tokens": engine.config.max_num_batched_tokens,
         "workload": args.workload, "num_texts": args.num_texts, "copies": args.copies,
-        "chunk_num_rows": args.chunk_num_rows, "num_rows": rows, "num_questions": questions,
+        "chunk_num_rows": args.chunk_num_rows, "worker_batch_passes": args.worker_batch_passes, "num_rows": rows, "num_questions": questions,
         "sync_calls": {"num": len(http["sync"]), "rate_per_s": args.sync_rate, "questions": args.sync_questions,
                        "status": _counts(row["status"] for row in http["sync"]),
                        "p50_s": _percentile(latencies, 50), "p99_s": p99, "max_s": max(latencies, default=None),

@@ -40,7 +40,8 @@ def markdown(result: dict) -> str:
         "",
         f"commit `{result['commit']}`, {result['date']}, `{result['command']}`.",
         f"{result['num_rows']} rows ({result['num_questions']} questions): {result['copies']} inline jobs of"
-        f" {result['num_texts']} texts x every question (chunks of {result['chunk_num_rows']} rows) and"
+        f" {result['num_texts']} texts x every question (chunks of {result['chunk_num_rows']} rows; the worker"
+        f" gathers {result.get('worker_batch_passes', 1)} passes of rows per batch) and"
         f" {sync['num']} `/v1/score` calls at {sync['rate_per_s']}/s ({sync['questions']} questions each), at"
         f" the same time; then the same rows through `Engine.score_batch`; pass budget"
         f" {result['max_num_batched_tokens']} tokens; both warm.",

@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: int = 30  # a job whose heartbeat is older than this is re-queued
     maintenance_interval_s: float = 5.0  # how often an idle worker cleans the registries
     worker_ttl_s: int = 60  # a worker that has not checked in for this long is not listed
+    worker_batch_passes: int = Field(4, ge=1)  # a worker gathers rows for this many full passes per batch
 
     # S3 (any S3-compatible endpoint)
     s3_endpoint_url: str | None = None

@@ -124,6 +124,7 @@ class Engine:
         self.runner = ModelRunner(checkpoint.model, device)
         # CUDA: a small first pass, so the device starts while the CPU packs the next (full) one
         self.first_pass_tokens = FIRST_PASS_TOKENS if device.type == "cuda" else None
+        self._warmed_up = False  # warm_up has run
         self.dense_masks = device.type != "cuda"  # CUDA attention reads the trees' subtree ends instead
         self.floors = FloorCache(config.floor_cache_size)
         self.checkpoint_path = checkpoint.path
@@ -157,9 +158,10 @@ class Engine:
     def warm_up(self) -> int:
         """CUDA: run one pass of each padded size the pass budget allows (engine/pipeline/
         warm_up.py), so no live pass pays for compiling a kernel; returns the passes run (0 on
-        CPU, where nothing compiles)."""
-        if self.runner.device.type != "cuda":
+        CPU, where nothing compiles, and once warmed up)."""
+        if self.runner.device.type != "cuda" or self._warmed_up:
             return 0
+        self._warmed_up = True
         from engine.layers.attention_cuda import BUCKET
 
         pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)

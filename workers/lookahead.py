@@ -2,8 +2,8 @@
 
     LookAhead.step(): compile one row of a held job (its tokenization and tree, kept for scoring)
                       | take and hold one more job of its model (Redis; S3 for a chunk stored there)
-      -> held [HeldJob] (the first fixes `model`), num_tokens, is_full (num_tokens >= the
-         model's max_num_batched_tokens), is_drained (its queues were empty), is_closed
+      -> held [HeldJob] (the first fixes `model`), num_tokens, is_full (num_tokens >= num_passes
+         x the model's max_num_batched_tokens), is_drained (its queues were empty), is_closed
     GreedyWorker: steps it in the GPU waits of the batch on the GPU, finishes it, scores `held`
 
 Never blocks: taking a job pops it without waiting (`take`, the worker's). One step does one
@@ -54,8 +54,9 @@ class LookAhead:
     """One model's next batch. A step holds one job or counts one row; every row of a job is
     counted before the next job is taken, and no job is taken once the batch is full."""
 
-    def __init__(self, engines: Mapping[str, Engine], take: TakeJob):
+    def __init__(self, engines: Mapping[str, Engine], take: TakeJob, num_passes: int = 1):
         self.model: str | None = None  # fixed by the first job held
+        self.num_passes = num_passes  # full passes' worth of tokens it gathers
         self.held: list[HeldJob] = []
         self.num_tokens = 0
         self.is_drained = False  # the last look at its queues found nothing
@@ -66,7 +67,9 @@ class LookAhead:
 
     @property
     def is_full(self) -> bool:
-        return self.model is not None and self.num_tokens >= self._engines[self.model].config.max_num_batched_tokens
+        if self.model is None:
+            return False
+        return self.num_tokens >= self.num_passes * self._engines[self.model].config.max_num_batched_tokens
 
     @property
     def is_done(self) -> bool:

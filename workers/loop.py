@@ -1,9 +1,13 @@
 """The GPU worker: our own greedy loop on RQ's queues, jobs and registries.
 
+    (start: Engine.warm_up, one pass of every padded size on CUDA)
     block for the first job (sync queues first) -> LookAhead: take more of that model's jobs
-    without blocking until the pass budget (max_num_batched_tokens) is full -> one
-    engine.score_batch for every row taken (workers.tasks.score_rows) -> _perform each held job:
-    settle it (jobstore.lifecycle) and end it in RQ as RQ's perform_job does
+    without blocking until `worker_batch_passes` full pass budgets of rows are held -> one
+    engine.score_batch for every row taken (workers.tasks.score_rows), during which
+      sync calls queued meanwhile join it at its next packed pass (`_sync_arrivals`)
+      each held job is performed as soon as its last row is scored, while the next pass runs:
+      settled (jobstore.lifecycle) and ended in RQ as RQ's perform_job does
+    -> the jobs whose rows did not all get a response early (slots, errors) are performed after
 
 While a batch's passes are on the GPU, the waits between them step a new LookAhead (hold and
 load a job, or compile one row: its tokenization and tree), never blocking; the next step
@@ -92,6 +96,9 @@ class GreedyWorker(SimpleWorker):
 
     def run(self, burst: bool = False) -> None:
         """Serve until `stop()` (or, with burst, until the queues are empty)."""
+        for engine in self.engines.values():
+            if (num_passes := engine.warm_up()):
+                log.info("warmed up %s: %d passes, one per padded size", engine.model_name, num_passes)
         self.register_birth()
         self.publish()
         beat = threading.Thread(target=self._heartbeat_forever, name=f"{self.name}-heartbeat", daemon=True)
@@ -173,7 +180,7 @@ class GreedyWorker(SimpleWorker):
         first = self._wait_for_job(block_s)
         if first is None:
             return None
-        batch = LookAhead(self.engines, self._take)
+        batch = LookAhead(self.engines, self._take, self.settings.worker_batch_passes)
         batch.add(self._hold(*first))
         batch.finish()
         return batch
@@ -197,7 +204,7 @@ class GreedyWorker(SimpleWorker):
         """Begin the next batch; the returned step runs in the engine's GPU waits."""
         if self._stop.is_set():
             return None
-        self._ahead = ahead = LookAhead(self.engines, self._take)
+        self._ahead = ahead = LookAhead(self.engines, self._take, self.settings.worker_batch_passes)
 
         def step() -> bool:
             try:
@@ -278,29 +285,52 @@ class GreedyWorker(SimpleWorker):
         scored = sorted((h for h in chunks if not h.work.is_cancelled), key=lambda h: not self._is_sync(h))
         rows = [slot for h in scored for slot in h.work.rows]
         compiled = [c for h in scored for c in (h.compiled or [None] * len(h.work.rows))]
-        RowProgress(self.connection, [h.work for h in scored])
-        performed = self._perform_when_scored([h for h in scored if self._is_sync(h)])
-        tasks.score_rows(self.engines[model], rows, compiled, self._look_ahead())
-        self._record_stats(model, rows, sum(h.num_tokens for h in chunks))
-        for item in held:
+        progress = RowProgress(self.connection, [h.work for h in scored])
+        performed: set[int] = set()  # ids of the jobs performed before the batch ends
+        self._perform_when_scored(scored, performed)
+        arrivals = partial(self._sync_arrivals, model, held, progress, performed)
+        tasks.score_rows(self.engines[model], rows, compiled, self._look_ahead(), arrivals)
+        scored_rows = [slot for h in held if h.work is not None and not h.work.is_cancelled for slot in h.work.rows]
+        self._record_stats(model, scored_rows, sum(h.num_tokens for h in held))
+        for item in list(held):
             if id(item) not in performed:
                 self._perform(item)
         self.set_state(WorkerStatus.IDLE)
 
+    def _sync_arrivals(self, model: str, held: list[HeldJob], progress: RowProgress,
+                       performed: set[int]) -> list[tuple]:
+        """Sync calls queued since the batch began, held and compiled now: the engine packs them
+        into its next pass (Engine.score_batch's `arrivals`), not after the batch."""
+        if self._stop.is_set():
+            return []
+        arrived = []
+        while (item := self._take(model, sync_only=True)) is not None:
+            held.append(item)
+            if item.work is None or item.work.is_cancelled:
+                continue
+            progress.add([item.work])
+            self._perform_when_scored([item], performed)
+            engine = self.engines[model]
+            for slot in item.work.rows:
+                if slot.request is not None:
+                    done = tasks.compile_row(engine, slot)
+                    item.num_tokens += getattr(done, "num_tokens", 0)
+                    arrived.append((slot, done))
+        return arrived
+
     def _is_sync(self, item: HeldJob) -> bool:
         return item.queue.name in self._sync_queue_names
 
-    def _perform_when_scored(self, items: list[HeldJob]) -> set[int]:
-        """Perform each of these jobs (sync calls) as soon as the engine has built its last row's
-        response, between passes while the next one runs, not when the whole batch ends; returns
-        the set that receives the ids of the jobs performed so."""
-        performed: set[int] = set()
+    def _perform_when_scored(self, items: list[HeldJob], performed: set[int]) -> None:
+        """Perform each of these jobs as soon as the engine has built its last row's response,
+        between passes while the next one runs (a sync call is answered then; a chunk is written
+        while the device works, not after the batch); the ids of the jobs performed so go into
+        `performed`."""
         for item in items:
             pending = [slot for slot in item.work.rows if slot.request is not None]
             remaining = [len(pending)]
             for slot in pending:
                 slot.on_scored = partial(self._row_scored, item, remaining, performed, slot.on_scored)
-        return performed
 
     def _row_scored(self, item: HeldJob, remaining: list[int], performed: set[int], then) -> None:
         if then is not None:

@@ -26,6 +26,10 @@ class RowProgress:
         self.r = r
         self.counts: dict[tuple[str, int], int] = {}
         self.flushed_at = time.monotonic()
+        self.add(chunks)
+
+    def add(self, chunks: list[ChunkWork]) -> None:
+        """Count these chunks' rows too (chunks that joined the batch while it runs)."""
         for work in chunks:
             key = (work.payload.job_id, work.payload.chunk_index)
             self.counts[key] = 0

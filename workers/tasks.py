@@ -14,6 +14,7 @@ costs only the rows that raise. `run_chunk` and `run_plan` are what the RQ jobs 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 
@@ -32,13 +33,16 @@ def score_rows(
     rows: list[RowSlot],
     compiled: list[CompiledRequest | RequestError | None] | None = None,
     while_waiting=None,
+    arrivals: Callable[[], list[tuple[RowSlot, CompiledRequest | RequestError]]] | None = None,
 ) -> None:
     """Score every row that has a request, in one `score_batch` call when nothing raises.
     `compiled[i]`: row i as the worker's look-ahead compiled it (None, or no list: compiled
-    here). `while_waiting`: host work for the GPU waits of that call (Engine.score_batch)."""
+    here). `while_waiting`: host work for the GPU waits of that call (Engine.score_batch).
+    `arrivals()`: rows that came while the batch runs (sync calls), each with its compiled
+    request (`compile_row`), scored in the same call ahead of the rows not yet packed."""
     given = compiled if compiled is not None else [None] * len(rows)
     todo = [(slot, done) for slot, done in zip(rows, given, strict=True) if slot.request is not None]
-    if not todo:
+    if not todo and arrivals is None:
         return
 
     def on_result(index: int, result: ScoringResponse, pass_ids: tuple[int, ...]) -> None:
@@ -47,16 +51,32 @@ def score_rows(
         if slot.on_scored is not None:
             slot.on_scored()
 
+    def arrived() -> list[CompiledRequest | RequestError]:
+        new = [(slot, done) for slot, done in arrivals() if slot.request is not None]
+        todo.extend(new)
+        return [done for _, done in new]
+
     try:
         ready = [done if done is not None else engine.compile(slot.request) for slot, done in todo]
-        output = engine.score_batch(ready, while_waiting, on_result)
+        output = engine.score_batch(ready, while_waiting, on_result, arrived if arrivals is not None else None)
     except Exception:  # noqa: BLE001 - isolate the row that raises, keep the others
         for slot, done in todo:
-            _score_alone(engine, slot, done)
+            if slot.response is None and slot.error is None:
+                _score_alone(engine, slot, done)
         return
     for (slot, _), result, pass_ids in zip(todo, output.results, output.pass_ids, strict=True):
         if slot.response is None and slot.error is None:  # not built before the last pass
             _fill(slot, result, pass_ids)
+
+
+def compile_row(engine, slot: RowSlot) -> CompiledRequest | RequestError:
+    """A row's request compiled (Engine.compile); compiling that raises is the row's error."""
+    try:
+        return engine.compile(slot.request)
+    except Exception as error:  # noqa: BLE001 - one row's failure is that row's error
+        from engine import RequestError  # the worker's command has loaded the engine
+
+        return RequestError("messages", f"engine error: {error}")
 
 
 def _score_alone(engine, slot: RowSlot, compiled: CompiledRequest | RequestError | None) -> None:

@@ -50,18 +50,21 @@ def test_one_pass_packs_several_queued_jobs(make_settings, service_engine):
     assert chunk_rq_id(job_ids[0], 0) in finished.get_job_ids()
 
 
-def test_sync_queue_is_drained_first_and_budget_bounds_a_step(make_settings, service_engine, service_engine_factory):
+@pytest.mark.parametrize("batch_passes", [1, 2])
+def test_sync_queue_is_drained_first_and_budget_bounds_a_step(make_settings, service_engine, service_engine_factory,
+                                                              batch_passes):
+    """One row fills a pass, so a step holds `worker_batch_passes` jobs: the sync one first."""
     row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "sync")[0]["text"]}], scoring=SPEC)
-    engine = service_engine_factory(service_engine.compile(row).num_tokens)  # one row fills a pass: one job per step
-    settings = make_settings(chunk_num_rows=1)
+    engine = service_engine_factory(service_engine.compile(row).num_tokens)
+    settings = make_settings(chunk_num_rows=1, worker_batch_passes=batch_passes)
     r = redis.Redis.from_url(settings.redis_url)
     batch_job = _submit(r, settings, engine.model_name, 2, "batch")
     sync_job = _submit(r, settings, engine.model_name, 1, "sync", is_sync=True)
     worker = make_worker(settings, engine)
     worker.drain_once(block_s=1)
     assert records.load_view(r, sync_job).status == JobStatus.SUCCEEDED
-    assert records.load_view(r, batch_job).progress.done == 0
-    assert Queue(queues.queue_pair(engine.model_name).batch, connection=r).count == 2
+    assert records.load_view(r, batch_job).progress.done == batch_passes - 1
+    assert Queue(queues.queue_pair(engine.model_name).batch, connection=r).count == 2 - (batch_passes - 1)
     drain_until_settled(worker, [batch_job])
     assert [row["custom_id"] for row in _rows(r, batch_job)] == ["batch0", "batch1"]
 
@@ -135,10 +138,11 @@ def test_a_chunk_rq_gives_up_on_still_settles_with_error_rows(make_settings, ser
 
 def _one_row_per_step(make_settings, service_engine, service_engine_factory, passes_in_flight, prefix, num_jobs):
     """An engine whose budget one row fills, `num_jobs` one-row jobs queued, a worker whose
-    passes read as in flight (so it gathers ahead): (engine, redis, job ids, worker)."""
+    passes read as in flight (so it gathers ahead) and whose batches are one pass: (engine,
+    redis, job ids, worker)."""
     row = ScoringRequest(messages=[{"role": "user", "content": texts(1, prefix)[0]["text"]}], scoring=SPEC)
     engine = service_engine_factory(service_engine.compile(row).num_tokens)
-    settings = make_settings(chunk_num_rows=1)
+    settings = make_settings(chunk_num_rows=1, worker_batch_passes=1)
     r = redis.Redis.from_url(settings.redis_url)
     job_ids = [_submit(r, settings, engine.model_name, 1, f"{prefix}{i}-") for i in range(num_jobs)]
     passes_in_flight(busy=100)
@@ -176,8 +180,8 @@ def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_
                                               passes_in_flight, "s", 2)
     score_rows, scored = tasks.score_rows, []
 
-    def score_then_stop(engine, rows, compiled=None, while_waiting=None):
-        score_rows(engine, rows, compiled, while_waiting)
+    def score_then_stop(engine, rows, compiled=None, while_waiting=None, arrivals=None):
+        score_rows(engine, rows, compiled, while_waiting, arrivals)
         scored.append([slot.custom_id for slot in rows])
         worker.stop()  # asked to stop during the first batch, with the second job held
 
@@ -197,8 +201,8 @@ def test_a_stopping_worker_takes_no_new_job(make_settings, service_engine, servi
                                                    passes_in_flight, "s", 2)
     score_rows, late = tasks.score_rows, []
 
-    def score_then_stop(engine_, rows, compiled=None, while_waiting=None):
-        score_rows(engine_, rows, compiled, while_waiting)
+    def score_then_stop(engine_, rows, compiled=None, while_waiting=None, arrivals=None):
+        score_rows(engine_, rows, compiled, while_waiting, arrivals)
         if not late:
             late.append(_submit(r, worker.settings, engine.model_name, 1, "late", is_sync=True))
             worker.stop()
@@ -312,3 +316,49 @@ class _GathersEverything:
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+
+def test_a_sync_call_joins_the_batch_in_flight(make_settings, service_engine, service_engine_factory, monkeypatch):
+    """A sync call queued while a multi-pass batch runs is taken into that batch at its next
+    packed pass (Engine.score_batch's arrivals), settled before the batch's last pass, and
+    scores as alone; the batch's rows are untouched."""
+    row = ScoringRequest(messages=[{"role": "user", "content": texts(1, "b")[0]["text"]}], scoring=SPEC)
+    engine = service_engine_factory(2 * service_engine.compile(row).num_tokens)  # two rows fill a pass
+    settings = make_settings(chunk_num_rows=8, worker_batch_passes=8)
+    r = redis.Redis.from_url(settings.redis_url)
+    batch_job = _submit(r, settings, engine.model_name, 8, "b")
+    late, batches, sync_done_before_last = [], [], []
+    original = engine.score_batch
+
+    def spying(compiled, while_waiting=None, on_result=None, arrivals=None):
+        calls = [0]
+
+        def arrivals_spy():
+            calls[0] += 1
+            if calls[0] == 2:  # the batch has begun packing: a sync call comes in now
+                late.append(_submit(r, settings, engine.model_name, 1, "late", is_sync=True))
+            return arrivals()
+
+        def on_result_spy(index, response, pass_ids):
+            on_result(index, response, pass_ids)
+            if late and index == len(compiled):  # the arrival's response: its job is settled now
+                sync_done_before_last.append(records.load_view(r, late[0]).status)
+
+        output = original(compiled, while_waiting, on_result_spy, arrivals_spy)
+        batches.append((len(compiled), len(output.results), output.pass_ids))
+        return output
+
+    monkeypatch.setattr(engine, "score_batch", spying)
+    worker = make_worker(settings, engine)
+    assert worker.drain_once(block_s=1)
+    [(num_given, num_results, pass_ids)] = batches
+    assert (num_given, num_results) == (8, 9), "the sync row was not scored in the batch in flight"
+    assert max(pass_ids[8]) < max(max(ids) for ids in pass_ids[:8]), "the sync row waited for the batch's end"
+    assert sync_done_before_last == [JobStatus.SUCCEEDED]
+    assert records.load_view(r, batch_job).status == JobStatus.SUCCEEDED
+    [result] = _rows(r, late[0])
+    monkeypatch.undo()
+    alone = engine.score_requests([ScoringRequest(messages=[{"role": "user", "content": texts(1, "late")[0]["text"]}],
+                                                  scoring=SPEC)]).results[0]
+    assert result["response"]["results"] == alone.model_dump(mode="json", exclude_none=True)["results"]
+    assert len(_rows(r, batch_job)) == 8
