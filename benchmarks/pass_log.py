@@ -2,7 +2,8 @@
 
     PassLog(engine) wraps engine.runner.launch and engine.score_batch (nothing else changes):
       per pass: {pass_id, tokens, launch, launched, gpu_start, gpu_end}   (time.time() seconds)
-      per tagged row (its last message starts with `[sync-<i>]`): i -> (pass ids, batch end)
+      per tagged row (its last message starts with `[sync-<i>]`), arrivals during a batch too:
+        i -> (pass ids, batch end), the last batch that scored it
     summary(passes, start, end): passes in [start, end], the median pass time, the time the
       GPU was busy / idle between passes there, the host's launch time per pass
 
@@ -57,10 +58,17 @@ class PassLog:
     def _wrap_score_batch(self, engine) -> None:
         score_batch = engine.score_batch
 
-        def logged(requests, *args, **kwargs):
-            output = score_batch(requests, *args, **kwargs)
+        def logged(requests, while_waiting=None, on_result=None, arrivals=None):
+            items = list(requests)  # the batch's requests, then those that arrived during it
+
+            def arrived():
+                new = arrivals()
+                items.extend(new)
+                return new
+
+            output = score_batch(requests, while_waiting, on_result, arrived if arrivals is not None else None)
             ended = time.time()
-            for item, pass_ids in zip(requests, output.pass_ids, strict=True):
+            for item, pass_ids in zip(items, output.pass_ids, strict=True):
                 request = getattr(item, "request", None)  # a compiled request carries its own (an error none)
                 match = request is not None and TAG_RE.match(request.messages[-1].content)
                 if match:

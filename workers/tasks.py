@@ -14,6 +14,7 @@ costs only the rows that raise. `run_chunk` and `run_plan` are what the RQ jobs 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,8 @@ from contract.protocol import ScoringResponse
 from jobstore import lifecycle
 from jobstore.chunks import RowSlot
 from workers.job_calibration import calibrate_finished_job
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # types only: the worker's command loads the engine
     from engine import CompiledRequest, RequestError
@@ -60,6 +63,7 @@ def score_rows(
         ready = [done if done is not None else engine.compile(slot.request) for slot, done in todo]
         output = engine.score_batch(ready, while_waiting, on_result, arrived if arrivals is not None else None)
     except Exception:  # noqa: BLE001 - isolate the row that raises, keep the others
+        log.exception("scoring a batch of %d rows raised: scoring the rows not yet scored one by one", len(todo))
         for slot, done in todo:
             if slot.response is None and slot.error is None:
                 _score_alone(engine, slot, done)
