@@ -22,7 +22,7 @@ from redis import Redis
 
 from contract.payloads import ChunkPayload, JobItem, RequestItem, RowError
 from contract.protocol import ScoringRequest
-from contract.s3_uri import parse_s3_uri
+from contract.s3_uri import S3Uri
 from jobstore import datasets, records
 from jobstore.records import ChunkSummary
 from jobstore.s3 import put_bytes, read_range
@@ -78,7 +78,8 @@ def _read_items(s3, payload: ChunkPayload) -> list[tuple[int | None, JobItem | R
     if payload.items is not None or payload.requests is not None:  # inline items or batch requests
         return [(None, item) for item in payload.items or payload.requests]
     source = payload.source
-    data = read_range(s3, parse_s3_uri(source.uri), source.start, source.end)
+    uri = payload.s3_access().check_read(S3Uri.from_stored(source.uri))
+    data = read_range(s3, uri, source.start, source.end)
     return [(line, datasets.parse_row(raw, line)) for line, raw in datasets.split_lines(data, source.first_line)]
 
 
@@ -89,10 +90,10 @@ def write_rows(r: Redis, s3, payload: ChunkPayload, rows: list[RowSlot]) -> None
     if payload.output is None:
         records.store_results(r, payload.job_id, payload.chunk_index, datasets.to_jsonl(lines))
         return
-    output = parse_s3_uri(payload.output)
+    output, access = S3Uri.from_stored(payload.output), payload.s3_access()
     errors = [orjson.dumps(slot.error.model_dump(exclude_none=True)) for slot in rows if slot.error is not None]
-    put_bytes(s3, datasets.results_uri(output, payload.chunk_index), datasets.to_jsonl(lines))
-    put_bytes(s3, datasets.errors_uri(output, payload.chunk_index), datasets.to_jsonl(errors))
+    put_bytes(s3, access.check_write(datasets.results_uri(output, payload.chunk_index)), datasets.to_jsonl(lines))
+    put_bytes(s3, access.check_write(datasets.errors_uri(output, payload.chunk_index)), datasets.to_jsonl(errors))
 
 
 def _row_bytes(slot: RowSlot) -> bytes:

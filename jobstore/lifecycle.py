@@ -36,12 +36,12 @@ from rq.job import JobStatus as RqStatus
 from contract import queues
 from contract.payloads import ChunkPayload, JobItem, JobSpec, JobStatus, PlanPayload, RequestItem
 from contract.protocol import PackRef, ScoringSpec
-from contract.s3_uri import parse_s3_uri
+from contract.s3_uri import S3Access, S3AccessDenied, S3Uri
 from contract.settings import Settings
 from jobstore import chunks, datasets, owner_index, records
 from jobstore.chunks import ChunkWork
 from jobstore.records import ChunkSummary
-from jobstore.s3 import iter_lines, list_keys, put_bytes
+from jobstore.s3 import iter_lines, list_dataset_keys, put_bytes
 from jobstore.submit import enqueue_chunks, enqueue_plan, new_job_id
 
 PLAN_ENQUEUE_BATCH = 256  # chunk jobs per Redis round trip while planning
@@ -106,13 +106,17 @@ def submit_requests(
 
 def submit_dataset(
     r: Redis, settings: Settings, owner: str, model: str, scoring: ScoringSpec, input_uri: str, output_uri: str,
-    debug: bool = False, job_id: str | None = None, packs: list[PackRef] = (),
+    debug: bool = False, job_id: str | None = None, packs: list[PackRef] = (), grants: S3Access | None = None,
 ) -> str:
-    """One dataset job: a plan step lists the input and enqueues the chunks."""
+    """One dataset job: a plan step lists the input and enqueues the chunks. `grants`: the
+    submitting key's S3 grants, checked again at every S3 call of the job."""
     job_id = job_id or new_job_id()
+    access = grants and S3Access.for_job(input_uri, output_uri, list(grants.read), list(grants.write))
     plan = PlanPayload(job_id=job_id, **_spec(model, scoring, debug, packs).spec_fields(), input=input_uri,
-                       output=output_uri, chunk_num_rows=settings.chunk_num_rows)
-    fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri}
+                       output=output_uri, chunk_num_rows=settings.chunk_num_rows,
+                       **({"access": access} if access else {}))
+    fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri,
+              "s3_access": plan.s3_access().to_json()}
     with r.pipeline() as pipe:  # the record with its plan step, or nothing
         records.create_job(r, job_id, fields, pipe)
         owner_index.add(r, owner_index.JOBS, owner, job_id, pipe)
@@ -137,7 +141,7 @@ def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload, on_comp
     records.mark_running(r, payload.job_id)
     try:
         payloads, num_rows = _cut(s3, payload)
-    except (ClientError, BotoCoreError) as error:
+    except (ClientError, BotoCoreError, S3AccessDenied) as error:
         records.finish(r, payload.job_id, JobStatus.FAILED, settings.result_ttl_s, f"reading the input: {error}")
         return {"error": str(error)}
     records.set_plan(r, payload.job_id, num_rows, len(payloads))
@@ -152,17 +156,19 @@ def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload, on_comp
 
 
 def _cut(s3, payload: PlanPayload) -> tuple[list[ChunkPayload], int]:
-    input_prefix = parse_s3_uri(payload.input)
-    keys = list_keys(s3, input_prefix)
+    """The input's objects (every listed key checked against the grants before it is read), cut."""
+    access = payload.s3_access()
+    input_uri = access.check_read(S3Uri.from_stored(payload.input))
+    keys = list_dataset_keys(s3, input_uri)
     if not keys:
-        raise ClientError({"Error": {"Code": "NoObjects", "Message": f"no objects under {payload.input}"}}, "List")
+        raise ClientError({"Error": {"Code": "NoObjects", "Message": f"no objects at {payload.input}"}}, "List")
     spec = payload.spec_fields()
     payloads: list[ChunkPayload] = []
     for key in keys:
-        uri = parse_s3_uri(f"s3://{input_prefix.bucket}/{key}")
+        uri = access.check_read(S3Uri(input_uri.bucket, key))
         for source, num_rows in datasets.plan_chunks(uri, iter_lines(s3, uri), payload.chunk_num_rows):
             payloads.append(ChunkPayload(job_id=payload.job_id, chunk_index=len(payloads), **spec, source=source,
-                                         output=payload.output, num_rows=num_rows))
+                                         output=payload.output, num_rows=num_rows, access=access))
     return payloads, sum(c.num_rows for c in payloads)
 
 
@@ -206,10 +212,11 @@ def finalize_if_complete(r: Redis, s3, settings: Settings, job_id: str, on_compl
     if on_complete is not None:
         on_complete(r, s3, job_id, record)
     if record.get("output"):
-        output = parse_s3_uri(record["output"])
+        output = S3Uri.from_stored(record["output"])
         manifest = datasets.build_manifest(job_id, record["input"], output, records.chunk_summaries(r, job_id))
         body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2)
-        put_bytes(s3, datasets.manifest_uri(output), body, "application/json")
+        put_bytes(s3, records.s3_access_of(record).check_write(datasets.manifest_uri(output)), body,
+                  "application/json")
     ttl = settings.sync_result_ttl_s if record.get("kind") == "sync" else settings.result_ttl_s
     return records.finish(r, job_id, JobStatus.SUCCEEDED, ttl)
 

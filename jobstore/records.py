@@ -23,6 +23,7 @@ from redis import Redis
 from contract import queues
 from contract.payloads import JobStatus, JobView, Progress
 from contract.protocol import Usage
+from contract.s3_uri import S3Access
 
 # status := to, only when it is one of the states listed after it
 _TRANSITION_LUA = """
@@ -100,6 +101,13 @@ def load_job(r: Redis, job_id: str) -> dict[str, str] | None:
     if not raw:
         return None
     return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def s3_access_of(record: dict[str, str]) -> S3Access:
+    """A dataset job's S3 grants (jobs recorded without them: their input and output only)."""
+    if record.get("s3_access"):
+        return S3Access.from_json(record["s3_access"])
+    return S3Access.for_job(record.get("input"), record.get("output"))
 
 
 def set_plan(r: Redis, job_id: str, num_rows: int, num_chunks: int) -> None:

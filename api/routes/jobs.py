@@ -22,7 +22,7 @@ from api.served import resolve_model
 from api.sync_calls import check_packs
 from contract import queues
 from contract.payloads import JobCreate, JobList, JobView
-from contract.s3_uri import is_allowed, parse_s3_uri
+from contract.s3_uri import S3Access, S3Uri, is_allowed, parse_s3_uri
 from contract.settings import ApiKey, Settings
 from jobstore import datasets, owner_index, records
 from jobstore.lifecycle import cancel, submit_dataset, submit_inline
@@ -55,7 +55,7 @@ def create_job(
                       packs=body.packs)
     else:
         submit_dataset(r, settings, key.name, model, body.scoring, body.input.s3, body.output.s3, body.debug,
-                       job_id=job_id, packs=body.packs)
+                       job_id=job_id, packs=body.packs, grants=S3Access.for_job(None, None, key.s3_read, key.s3_write))
     return records.load_view(r, job_id)
 
 
@@ -125,7 +125,7 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingRe
         raise ApiError(409, f"job {job_id} is {status.value}; results are ready when it has ended")
     num_chunks = int(record.get("num_chunks") or 0)
     if record.get("output"):
-        output = parse_s3_uri(record["output"])
+        output = S3Uri.from_stored(record["output"])
         summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].cancelled]
         rows = (get_bytes(s3, datasets.results_uri(output, index)) for index in written)
