@@ -25,7 +25,7 @@ from contract.protocol import ScoringRequest
 from contract.s3_uri import S3Uri
 from jobstore import datasets, records
 from jobstore.records import ChunkSummary
-from jobstore.s3 import put_bytes, read_range
+from jobstore.s3 import delete_object, put_bytes, read_range
 
 
 @dataclass(slots=True)
@@ -93,7 +93,11 @@ def write_rows(r: Redis, s3, payload: ChunkPayload, rows: list[RowSlot]) -> None
     output, access = S3Uri.from_stored(payload.output), payload.s3_access()
     errors = [orjson.dumps(slot.error.model_dump(exclude_none=True)) for slot in rows if slot.error is not None]
     put_bytes(s3, access.check_write(datasets.results_uri(output, payload.chunk_index)), datasets.to_jsonl(lines))
-    put_bytes(s3, access.check_write(datasets.errors_uri(output, payload.chunk_index)), datasets.to_jsonl(errors))
+    errors_uri = access.check_write(datasets.errors_uri(output, payload.chunk_index))
+    if errors:
+        put_bytes(s3, errors_uri, datasets.to_jsonl(errors))
+    else:  # no errors object (an empty PUT stalls SeaweedFS's next request); a rerun's old one goes
+        delete_object(s3, errors_uri)
 
 
 def _row_bytes(slot: RowSlot) -> bytes:
