@@ -6,6 +6,7 @@
     ChunkPayload --unscored_rows(reason)--> [RowSlot]: every row an error (a chunk RQ gave up on)
     [RowSlot] (a response or an error each, pass ids)
       --write_rows--> Redis results hash (inline) | S3 results/ and errors/ objects (datasets)
+      --keep_unwritten--> (S3 failed) every row an error row naming the failure, in the Redis results hash
       --summarize--> ChunkSummary    --pass_names--> "worker/pass_id" strings
 
 No engine here: between reading and writing, the worker fills each slot's `response` or
@@ -72,6 +73,20 @@ def unscored_rows(s3, payload: ChunkPayload, reason: str) -> list[RowSlot]:
                                                      message=f"not scored: {reason}"))
         for line, item in _read_items(s3, payload)
     ]
+
+
+def unread_rows(payload: ChunkPayload, reason: str) -> list[RowSlot]:
+    """`num_rows` error rows for a chunk whose input cannot be read (no custom_id, no line)."""
+    return [RowSlot(None, None, error=RowError(message=f"not scored: {reason}")) for _ in range(payload.num_rows)]
+
+
+def keep_unwritten(r: Redis, payload: ChunkPayload, rows: list[RowSlot], reason: str) -> None:
+    """A dataset chunk whose S3 objects could not be written: every row becomes an error row
+    naming `reason`, stored in the Redis results hash (GET /results reads it there)."""
+    for slot in rows:
+        slot.response = None
+        slot.error = RowError(line=slot.line, custom_id=slot.custom_id, message=f"not written: {reason}")
+    records.store_results(r, payload.job_id, payload.chunk_index, datasets.to_jsonl(_row_bytes(s) for s in rows))
 
 
 def _read_items(s3, payload: ChunkPayload) -> list[tuple[int | None, JobItem | RequestItem | RowError]]:

@@ -100,7 +100,10 @@ def to_jsonl(rows: Iterable[bytes]) -> bytes:
     return b"".join(row + b"\n" for row in rows)
 
 
-def build_manifest(job_id: str, input_uri: str, output: S3Uri, summaries: dict[int, ChunkSummary]) -> dict:
+def build_manifest(job_id: str, input_uri: str, output: S3Uri, summaries: dict[int, ChunkSummary],
+                   unwritten: set[int] = frozenset()) -> dict:
+    """Counts and object keys; `unwritten`: chunks S3 could not take (their rows are error rows
+    in the service's results)."""
     indices = sorted(summaries)
     return {
         "job_id": job_id,
@@ -110,6 +113,7 @@ def build_manifest(job_id: str, input_uri: str, output: S3Uri, summaries: dict[i
         "num_rows": sum(summaries[i].num_rows for i in indices),
         "num_succeeded": sum(summaries[i].num_succeeded for i in indices),
         "num_failed": sum(summaries[i].num_failed for i in indices),
-        "results": [str(results_uri(output, i)) for i in indices],
-        "errors": [str(errors_uri(output, i)) for i in indices if summaries[i].num_failed],
+        "results": [str(results_uri(output, i)) for i in indices if i not in unwritten],
+        "errors": [str(errors_uri(output, i)) for i in indices if summaries[i].num_failed and i not in unwritten],
+        "unwritten_chunks": sorted(unwritten),
     }

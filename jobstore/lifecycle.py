@@ -14,8 +14,11 @@ finalize, cancel. Every step that moves a job or a chunk is here; no engine.
     settle_chunk:   rows -> results (chunks.write_rows) -> ChunkSummary, recorded once
                     -> finalize_if_complete: every chunk settled -> on_complete (the workers
                        pass the job's calibration) -> manifest (datasets) -> succeeded
+                    an S3 write that fails after the client's retries: the rows settle as
+                    error rows naming the failure, kept in Redis (chunks.keep_unwritten); the
+                    manifest failing: the job ends failed, its counts kept
     record_dead_chunk (RQ gave up on a chunk) -> dead list -> settle_dead_chunks: an error row
-                    per input row -> settle_chunk
+                    per input row -> settle_chunk (a dead plan step: the job ends failed)
     cancel:         cancelled -> queued chunks leave their queue and settle as never run
 
 A chunk settles once (records.settle_chunk): a chunk re-run after a dead worker rewrites its
@@ -24,6 +27,7 @@ rows but never counts twice.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import orjson
@@ -44,6 +48,9 @@ from jobstore.records import ChunkSummary
 from jobstore.s3 import iter_lines, list_dataset_keys, put_bytes
 from jobstore.submit import enqueue_chunks, enqueue_plan, new_job_id
 
+log = logging.getLogger(__name__)
+
+S3_ERRORS = (ClientError, BotoCoreError, S3AccessDenied)  # an S3 call that failed after the client's retries, or refused
 PLAN_ENQUEUE_BATCH = 256  # chunk jobs per Redis round trip while planning
 OnComplete = Callable[[Redis, object, str, dict], None]
 """(redis, s3 client, job id, job record): run once a job's last chunk has settled, before the
@@ -141,7 +148,7 @@ def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload, on_comp
     records.mark_running(r, payload.job_id)
     try:
         payloads, num_rows = _cut(s3, payload)
-    except (ClientError, BotoCoreError, S3AccessDenied) as error:
+    except S3_ERRORS as error:
         records.finish(r, payload.job_id, JobStatus.FAILED, settings.result_ttl_s, f"reading the input: {error}")
         return {"error": str(error)}
     records.set_plan(r, payload.job_id, num_rows, len(payloads))
@@ -193,7 +200,11 @@ def settle_chunk(
         summary = ChunkSummary.for_cancelled(payload.num_rows)
         records.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
         return summary
-    chunks.write_rows(r, s3, payload, work.rows)
+    try:
+        chunks.write_rows(r, s3, payload, work.rows)
+    except S3_ERRORS as error:  # after the client's retries: the rows settle as errors, kept in Redis
+        log.warning("job %s chunk %d: writing its rows failed: %s", payload.job_id, payload.chunk_index, error)
+        chunks.keep_unwritten(r, payload, work.rows, f"writing the results to {payload.output} failed: {error}")
     summary = chunks.summarize(work.rows)
     records.add_passes(r, payload.job_id, chunks.pass_names(work.rows, worker_name))
     records.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
@@ -209,16 +220,27 @@ def finalize_if_complete(r: Redis, s3, settings: Settings, job_id: str, on_compl
     record = records.load_job(r, job_id)
     if record is None or records.status_of(record).is_terminal:
         return False
-    if on_complete is not None:
-        on_complete(r, s3, job_id, record)
-    if record.get("output"):
-        output = S3Uri.from_stored(record["output"])
-        manifest = datasets.build_manifest(job_id, record["input"], output, records.chunk_summaries(r, job_id))
-        body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2)
-        put_bytes(s3, records.s3_access_of(record).check_write(datasets.manifest_uri(output)), body,
-                  "application/json")
     ttl = settings.sync_result_ttl_s if record.get("kind") == "sync" else settings.result_ttl_s
+    try:
+        if on_complete is not None:
+            on_complete(r, s3, job_id, record)
+        if record.get("output"):
+            _write_manifest(r, s3, job_id, record)
+    except S3_ERRORS as error:  # the rows are settled and counted; the job ends, failed, saying why
+        log.warning("job %s: finishing on S3 failed: %s", job_id, error)
+        return records.finish(r, job_id, JobStatus.FAILED, ttl, f"writing the job's S3 output failed: {error}")
+    if records.kept_chunks(r, job_id) and record.get("output"):
+        return records.finish(r, job_id, JobStatus.FAILED, ttl, "some chunks could not be written to S3; their"
+                              " rows are error rows in the service's results (GET /v1/jobs/{id}/results)")
     return records.finish(r, job_id, JobStatus.SUCCEEDED, ttl)
+
+
+def _write_manifest(r: Redis, s3, job_id: str, record: dict) -> None:
+    output = S3Uri.from_stored(record["output"])
+    manifest = datasets.build_manifest(job_id, record["input"], output, records.chunk_summaries(r, job_id),
+                                       records.kept_chunks(r, job_id))
+    body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2)
+    put_bytes(s3, records.s3_access_of(record).check_write(datasets.manifest_uri(output)), body, "application/json")
 
 
 # ---- dead chunks: RQ gave up on them, they still settle ------------------------------------
@@ -238,6 +260,9 @@ def settle_dead_chunks(r: Redis, s3, settings: Settings, worker_name: str, on_co
         if "chunk_index" in item["payload"]:
             payload = ChunkPayload.model_validate(item["payload"])
             settle_dead_chunk(r, s3, settings, payload, item["reason"], worker_name, on_complete)
+        elif "job_id" in item["payload"]:  # a plan step that will never run: its job ends
+            records.finish(r, item["payload"]["job_id"], JobStatus.FAILED, settings.result_ttl_s,
+                           f"planning the job failed: {item['reason']}")
         r.lrem(queues.DEAD_CHUNKS_KEY, 1, entry)
         num_taken += 1
     return num_taken
@@ -247,8 +272,13 @@ def settle_dead_chunk(
     r: Redis, s3, settings: Settings, payload: ChunkPayload, reason: str, worker_name: str,
     on_complete: OnComplete | None = None,
 ) -> None:
-    """One error row per input row of a chunk that could not be scored."""
-    work = ChunkWork(payload, chunks.unscored_rows(s3, payload, reason))
+    """One error row per input row of a chunk that could not be scored (input unreadable: one
+    per row counted at planning, without its custom_id)."""
+    try:
+        rows = chunks.unscored_rows(s3, payload, reason)
+    except S3_ERRORS as error:
+        rows = chunks.unread_rows(payload, f"{reason}; reading its input failed: {error}")
+    work = ChunkWork(payload, rows)
     settle_chunk(r, s3, settings, work, worker_name, on_complete)
 
 

@@ -127,6 +127,16 @@ def store_results(r: Redis, job_id: str, chunk_index: int, jsonl: bytes) -> None
     r.hset(queues.results_key(job_id), str(chunk_index), jsonl)
 
 
+def kept_chunks(r: Redis, job_id: str) -> set[int]:
+    """The chunks whose rows are in the Redis results hash (every chunk of an inline job; the
+    chunks of a dataset job that S3 could not take)."""
+    return {int(index) for index in r.hkeys(queues.results_key(job_id))}
+
+
+def stored_results(r: Redis, job_id: str, chunk_index: int) -> bytes | None:
+    return r.hget(queues.results_key(job_id), str(chunk_index))
+
+
 def add_passes(r: Redis, job_id: str, pass_names: list[str]) -> None:
     if pass_names:
         r.sadd(queues.passes_key(job_id), *pass_names)

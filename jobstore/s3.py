@@ -32,7 +32,8 @@ def make_client(settings: Settings):
         region_name=settings.s3_region,
         aws_access_key_id=settings.s3_access_key_id,
         aws_secret_access_key=settings.s3_secret_access_key,
-        config=Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"}),
+        config=Config(retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
+                      s3={"addressing_style": "path"}),
     )
 
 

@@ -128,7 +128,8 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingRe
         output = S3Uri.from_stored(record["output"])
         summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].cancelled]
-        rows = (get_bytes(s3, datasets.results_uri(output, index)) for index in written)
+        rows = (records.stored_results(r, job_id, index) or get_bytes(s3, datasets.results_uri(output, index))
+                for index in written)  # a chunk S3 could not take: its error rows are in Redis
     else:
         rows = records.iter_inline_results(r, job_id, num_chunks)
     return StreamingResponse(rows, media_type="application/jsonl")
