@@ -260,12 +260,19 @@ def settle_dead_chunks(r: Redis, s3, settings: Settings, worker_name: str, on_co
         if "chunk_index" in item["payload"]:
             payload = ChunkPayload.model_validate(item["payload"])
             settle_dead_chunk(r, s3, settings, payload, item["reason"], worker_name, on_complete)
-        elif "job_id" in item["payload"]:  # a plan step that will never run: its job ends
-            records.finish(r, item["payload"]["job_id"], JobStatus.FAILED, settings.result_ttl_s,
-                           f"planning the job failed: {item['reason']}")
+        elif "job_id" in item["payload"]:
+            _end_unplanned(r, settings, item["payload"]["job_id"], item["reason"])
         r.lrem(queues.DEAD_CHUNKS_KEY, 1, entry)
         num_taken += 1
     return num_taken
+
+
+def _end_unplanned(r: Redis, settings: Settings, job_id: str, reason: str) -> None:
+    """A plan step that will never run again: its job, if it never got a plan, ends failed
+    (a planned job's chunks settle it)."""
+    record = records.load_job(r, job_id)
+    if record is not None and not record.get("num_chunks"):
+        records.finish(r, job_id, JobStatus.FAILED, settings.result_ttl_s, f"planning the job failed: {reason}")
 
 
 def settle_dead_chunk(
