@@ -11,7 +11,10 @@ S3 locations are checked against the key's allow-lists (403) before any S3 call.
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Iterator
 
+from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
@@ -117,8 +120,8 @@ def cancel_job(job_id: str, key: KeyDep, r: RedisDep, settings: SettingsDep) -> 
 
 
 @router.get("/v1/jobs/{job_id}/results")
-def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingResponse:
-    """The result rows as JSONL, streamed chunk by chunk in input order."""
+def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: SettingsDep) -> StreamingResponse:
+    """The result rows as JSONL, streamed chunk by chunk in input order (503 while S3 cannot be read)."""
     record = _load_owned(r, job_id, key)
     status = records.status_of(record)
     if not status.is_terminal:
@@ -128,8 +131,21 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingRe
         output = S3Uri.from_stored(record["output"])
         summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].cancelled]
-        rows = (records.stored_results(r, job_id, index) or get_bytes(s3, datasets.results_uri(output, index))
-                for index in written)  # a chunk S3 could not take: its error rows are in Redis
+        rows = _dataset_rows(r, s3, settings, job_id, output, written)
     else:
         rows = records.iter_inline_results(r, job_id, num_chunks)
     return StreamingResponse(rows, media_type="application/jsonl")
+
+
+def _dataset_rows(r, s3, settings: Settings, job_id: str, output: S3Uri, written: list[int]) -> Iterator[bytes]:
+    """Each chunk's rows: from S3, or from Redis for a chunk S3 could not take. The first chunk
+    is read before the response starts, so an S3 outage is a 503, not a broken stream."""
+    def read(index: int) -> bytes:
+        return records.stored_results(r, job_id, index) or get_bytes(s3, datasets.results_uri(output, index))
+
+    try:
+        first = read(written[0]) if written else b""
+    except (ClientError, BotoCoreError) as error:
+        raise ApiError(503, f"the results cannot be read from S3 now ({error}); try again",
+                       headers={"Retry-After": str(settings.retry_after_s)}) from None
+    return itertools.chain([first], (read(index) for index in written[1:]))

@@ -8,6 +8,7 @@ for, and the worker lives on to serve the next job.
          the S3 failure (kept in Redis) -> the manifest cannot be written -> job failed, 6 of 6
          rows counted
       -> the worker thread is alive, never restarted, and an inline job succeeds
+      -> GET /results while SeaweedFS is down: 503 + Retry-After
       -> SeaweedFS back: GET /results has exactly one row per input row
 """
 
@@ -68,6 +69,10 @@ def test_a_dataset_job_ends_when_s3_dies_mid_job_and_the_worker_serves_the_next(
         next_id = client.post("/v1/jobs", json=inline).raise_for_status().json()["id"]
         next_view = _wait_for(client, next_id, lambda view: view["status"] not in ("queued", "running"), 120)
         assert next_view["status"] == "succeeded" and next_view["progress"]["failed"] == 0
+
+        unreadable = client.get(f"/v1/jobs/{job_id}/results")  # chunk 0 is on S3, which is down
+        assert unreadable.status_code == 503 and unreadable.headers["Retry-After"] == str(settings.retry_after_s)
+        assert "S3" in unreadable.json()["error"]["message"]
 
         weed.start()  # back, same data: the rows written before the outage are there
         results = [orjson.loads(line) for line in client.get(f"/v1/jobs/{job_id}/results").content.splitlines()]
