@@ -256,11 +256,15 @@ def settle_dead_chunks(r: Redis, s3, settings: Settings, worker_name: str, on_co
     """Settle every recorded dead chunk (a plan step's entry is dropped); how many were taken."""
     num_taken = 0
     while (entry := r.lindex(queues.DEAD_CHUNKS_KEY, 0)) is not None:
-        item = orjson.loads(entry)
-        if "chunk_index" in item["payload"]:
-            payload = ChunkPayload.model_validate(item["payload"])
+        try:
+            item = orjson.loads(entry)
+            payload = ChunkPayload.model_validate(item["payload"]) if "chunk_index" in item["payload"] else None
+        except (ValueError, KeyError, TypeError):  # an entry no payload model reads: dropped, not retried forever
+            log.exception("dropping a dead-chunk entry that cannot be read: %r", entry[:200])
+            payload = item = None
+        if payload is not None:
             settle_dead_chunk(r, s3, settings, payload, item["reason"], worker_name, on_complete)
-        elif "job_id" in item["payload"]:
+        elif item is not None and "job_id" in item["payload"]:
             _end_unplanned(r, settings, item["payload"]["job_id"], item["reason"])
         r.lrem(queues.DEAD_CHUNKS_KEY, 1, entry)
         num_taken += 1
