@@ -41,7 +41,8 @@ ERROR_BODY = {
 DESCRIPTIONS = {400: "Bad request", 401: "Missing or invalid API key", 403: "The key may not use this S3 location",
                 404: "No such object for this key", 409: "Conflict with the object's state",
                 413: "Body or item count over a limit", 422: "Invalid request: `param` names the field",
-                429: "Queue full: retry after Retry-After seconds", 504: "Not scored within sync_timeout_s: poll the job"}
+                429: "Queue full: retry after Retry-After seconds",
+                503: "A store the service needs (S3) is unavailable: retry after Retry-After seconds", 504: "Not scored within sync_timeout_s: poll the job"}
 SYNC_STATUSES = (409, 422, 504)
 EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/score"): (*SYNC_STATUSES, 404),  # 404/409: priors_from_job
@@ -49,7 +50,7 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/decide"): SYNC_STATUSES,
     ("post", "/v1/decide/shared"): SYNC_STATUSES,
     ("post", "/v1/jobs"): (403, 409, 422),  # 409: Idempotency-Key reused with another body
-    ("get", "/v1/jobs/{job_id}/results"): (409,),
+    ("get", "/v1/jobs/{job_id}/results"): (409, 503),  # 503: S3 unreadable
     ("post", "/v1/batches/{batch_id}/cancel"): (409,),
     ("post", "/v1/batches"): (422,),
     ("post", "/v1/files"): (400,),  # a multipart body that cannot be parsed

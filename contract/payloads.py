@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from contract.pages import ListPage
 from contract.protocol import ContentText, check_content_size, IdText, Message, PackRef, ScoringRequest, ScoringSpec, Text, Usage
 from contract.settings import LIMITS
-from contract.s3_uri import parse_s3_uri
+from contract.s3_uri import S3Access, parse_s3_uri
 
 
 class _Strict(BaseModel):
@@ -151,6 +151,7 @@ class ChunkPayload(JobSpec):
     source: ByteRange | None = None  # dataset rows
     requests: list[RequestItem] | None = None  # rows with their own requests (batches)
     output: str | None = None  # s3:// prefix the chunk writes to (datasets)
+    access: S3Access | None = None  # the job's S3 grants, checked at every read and write (datasets)
     num_rows: int = Field(ge=0)  # rows in the chunk (non-blank lines for datasets)
 
     @model_validator(mode="after")
@@ -166,6 +167,9 @@ class ChunkPayload(JobSpec):
             raise ValueError("num_rows must equal the number of items")
         return self
 
+    def s3_access(self) -> S3Access:
+        return self.access or S3Access.for_job(self.source and self.source.uri, self.output)
+
 
 class PlanPayload(JobSpec):
     """One RQ job: list a dataset, cut it into chunks (each gets the plan's spec), enqueue them."""
@@ -174,6 +178,10 @@ class PlanPayload(JobSpec):
     input: str
     output: str
     chunk_num_rows: int = Field(ge=1)
+    access: S3Access | None = None  # the submitting key's S3 grants (None: the input and output only)
+
+    def s3_access(self) -> S3Access:
+        return self.access or S3Access.for_job(self.input, self.output)
 
 
 class RowError(BaseModel):

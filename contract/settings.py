@@ -94,6 +94,7 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = None
+    s3_max_attempts: int = Field(5, ge=1)  # attempts per S3 call (boto3's standard retry mode), then it fails
 
 
 @lru_cache(maxsize=1)

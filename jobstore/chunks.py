@@ -6,6 +6,7 @@
     ChunkPayload --unscored_rows(reason)--> [RowSlot]: every row an error (a chunk RQ gave up on)
     [RowSlot] (a response or an error each, pass ids)
       --write_rows--> Redis results hash (inline) | S3 results/ and errors/ objects (datasets)
+      --keep_unwritten--> (S3 failed) every row an error row naming the failure, in the Redis results hash
       --summarize--> ChunkSummary    --pass_names--> "worker/pass_id" strings
 
 No engine here: between reading and writing, the worker fills each slot's `response` or
@@ -22,10 +23,10 @@ from redis import Redis
 
 from contract.payloads import ChunkPayload, JobItem, RequestItem, RowError
 from contract.protocol import ScoringRequest
-from contract.s3_uri import parse_s3_uri
+from contract.s3_uri import S3Uri
 from jobstore import datasets, records
 from jobstore.records import ChunkSummary
-from jobstore.s3 import put_bytes, read_range
+from jobstore.s3 import delete_object, put_bytes, read_range
 
 
 @dataclass(slots=True)
@@ -74,11 +75,26 @@ def unscored_rows(s3, payload: ChunkPayload, reason: str) -> list[RowSlot]:
     ]
 
 
+def unread_rows(payload: ChunkPayload, reason: str) -> list[RowSlot]:
+    """`num_rows` error rows for a chunk whose input cannot be read (no custom_id, no line)."""
+    return [RowSlot(None, None, error=RowError(message=f"not scored: {reason}")) for _ in range(payload.num_rows)]
+
+
+def keep_unwritten(r: Redis, payload: ChunkPayload, rows: list[RowSlot], reason: str) -> None:
+    """A dataset chunk whose S3 objects could not be written: every row becomes an error row
+    naming `reason`, stored in the Redis results hash (GET /results reads it there)."""
+    for slot in rows:
+        slot.response = None
+        slot.error = RowError(line=slot.line, custom_id=slot.custom_id, message=f"not written: {reason}")
+    records.store_results(r, payload.job_id, payload.chunk_index, datasets.to_jsonl(_row_bytes(s) for s in rows))
+
+
 def _read_items(s3, payload: ChunkPayload) -> list[tuple[int | None, JobItem | RequestItem | RowError]]:
     if payload.items is not None or payload.requests is not None:  # inline items or batch requests
         return [(None, item) for item in payload.items or payload.requests]
     source = payload.source
-    data = read_range(s3, parse_s3_uri(source.uri), source.start, source.end)
+    uri = payload.s3_access().check_read(S3Uri.from_stored(source.uri))
+    data = read_range(s3, uri, source.start, source.end)
     return [(line, datasets.parse_row(raw, line)) for line, raw in datasets.split_lines(data, source.first_line)]
 
 
@@ -89,10 +105,14 @@ def write_rows(r: Redis, s3, payload: ChunkPayload, rows: list[RowSlot]) -> None
     if payload.output is None:
         records.store_results(r, payload.job_id, payload.chunk_index, datasets.to_jsonl(lines))
         return
-    output = parse_s3_uri(payload.output)
+    output, access = S3Uri.from_stored(payload.output), payload.s3_access()
     errors = [orjson.dumps(slot.error.model_dump(exclude_none=True)) for slot in rows if slot.error is not None]
-    put_bytes(s3, datasets.results_uri(output, payload.chunk_index), datasets.to_jsonl(lines))
-    put_bytes(s3, datasets.errors_uri(output, payload.chunk_index), datasets.to_jsonl(errors))
+    put_bytes(s3, access.check_write(datasets.results_uri(output, payload.chunk_index)), datasets.to_jsonl(lines))
+    errors_uri = access.check_write(datasets.errors_uri(output, payload.chunk_index))
+    if errors:
+        put_bytes(s3, errors_uri, datasets.to_jsonl(errors))
+    else:  # no errors object (an empty PUT stalls SeaweedFS's next request); a rerun's old one goes
+        delete_object(s3, errors_uri)
 
 
 def _row_bytes(slot: RowSlot) -> bytes:

@@ -3,7 +3,8 @@
     s3://in/ objects --plan_chunks--> [ByteRange] (chunk_num_rows rows each, never across objects)
     ByteRange bytes --split_lines--> [(line, bytes)] --parse_row--> JobItem | RowError
     chunk i --> {output}results/part-{i:05d}.jsonl  one row per input row, in input order
-            --> {output}errors/part-{i:05d}.jsonl   one line per bad row (line, custom_id, message)
+            --> {output}errors/part-{i:05d}.jsonl   one line per bad row (line, custom_id, message);
+                                                    none for a chunk without one
     all chunks settled --> {output}manifest.json    counts and object keys
 
 Output keys depend only on the input (sorted object keys, chunk size), never on the job id
@@ -99,7 +100,10 @@ def to_jsonl(rows: Iterable[bytes]) -> bytes:
     return b"".join(row + b"\n" for row in rows)
 
 
-def build_manifest(job_id: str, input_uri: str, output: S3Uri, summaries: dict[int, ChunkSummary]) -> dict:
+def build_manifest(job_id: str, input_uri: str, output: S3Uri, summaries: dict[int, ChunkSummary],
+                   unwritten: set[int] = frozenset()) -> dict:
+    """Counts and object keys; `unwritten`: chunks S3 could not take (their rows are error rows
+    in the service's results)."""
     indices = sorted(summaries)
     return {
         "job_id": job_id,
@@ -109,6 +113,7 @@ def build_manifest(job_id: str, input_uri: str, output: S3Uri, summaries: dict[i
         "num_rows": sum(summaries[i].num_rows for i in indices),
         "num_succeeded": sum(summaries[i].num_succeeded for i in indices),
         "num_failed": sum(summaries[i].num_failed for i in indices),
-        "results": [str(results_uri(output, i)) for i in indices],
-        "errors": [str(errors_uri(output, i)) for i in indices],
+        "results": [str(results_uri(output, i)) for i in indices if i not in unwritten],
+        "errors": [str(errors_uri(output, i)) for i in indices if summaries[i].num_failed and i not in unwritten],
+        "unwritten_chunks": sorted(unwritten),
     }

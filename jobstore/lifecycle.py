@@ -14,8 +14,11 @@ finalize, cancel. Every step that moves a job or a chunk is here; no engine.
     settle_chunk:   rows -> results (chunks.write_rows) -> ChunkSummary, recorded once
                     -> finalize_if_complete: every chunk settled -> on_complete (the workers
                        pass the job's calibration) -> manifest (datasets) -> succeeded
+                    an S3 write that fails after the client's retries: the rows settle as
+                    error rows naming the failure, kept in Redis (chunks.keep_unwritten); the
+                    manifest failing: the job ends failed, its counts kept
     record_dead_chunk (RQ gave up on a chunk) -> dead list -> settle_dead_chunks: an error row
-                    per input row -> settle_chunk
+                    per input row -> settle_chunk (a dead plan step: the job ends failed)
     cancel:         cancelled -> queued chunks leave their queue and settle as never run
 
 A chunk settles once (records.settle_chunk): a chunk re-run after a dead worker rewrites its
@@ -24,6 +27,7 @@ rows but never counts twice.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import orjson
@@ -36,14 +40,17 @@ from rq.job import JobStatus as RqStatus
 from contract import queues
 from contract.payloads import ChunkPayload, JobItem, JobSpec, JobStatus, PlanPayload, RequestItem
 from contract.protocol import PackRef, ScoringSpec
-from contract.s3_uri import parse_s3_uri
+from contract.s3_uri import S3Access, S3AccessDenied, S3Uri
 from contract.settings import Settings
 from jobstore import chunks, datasets, owner_index, records
 from jobstore.chunks import ChunkWork
 from jobstore.records import ChunkSummary
-from jobstore.s3 import iter_lines, list_keys, put_bytes
+from jobstore.s3 import iter_lines, list_dataset_keys, put_bytes
 from jobstore.submit import enqueue_chunks, enqueue_plan, new_job_id
 
+log = logging.getLogger(__name__)
+
+S3_ERRORS = (ClientError, BotoCoreError, S3AccessDenied)  # an S3 call that failed after the client's retries, or refused
 PLAN_ENQUEUE_BATCH = 256  # chunk jobs per Redis round trip while planning
 OnComplete = Callable[[Redis, object, str, dict], None]
 """(redis, s3 client, job id, job record): run once a job's last chunk has settled, before the
@@ -106,13 +113,17 @@ def submit_requests(
 
 def submit_dataset(
     r: Redis, settings: Settings, owner: str, model: str, scoring: ScoringSpec, input_uri: str, output_uri: str,
-    debug: bool = False, job_id: str | None = None, packs: list[PackRef] = (),
+    debug: bool = False, job_id: str | None = None, packs: list[PackRef] = (), grants: S3Access | None = None,
 ) -> str:
-    """One dataset job: a plan step lists the input and enqueues the chunks."""
+    """One dataset job: a plan step lists the input and enqueues the chunks. `grants`: the
+    submitting key's S3 grants, checked again at every S3 call of the job."""
     job_id = job_id or new_job_id()
+    access = grants and S3Access.for_job(input_uri, output_uri, list(grants.read), list(grants.write))
     plan = PlanPayload(job_id=job_id, **_spec(model, scoring, debug, packs).spec_fields(), input=input_uri,
-                       output=output_uri, chunk_num_rows=settings.chunk_num_rows)
-    fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri}
+                       output=output_uri, chunk_num_rows=settings.chunk_num_rows,
+                       **({"access": access} if access else {}))
+    fields = {"owner": owner, "model": model, "kind": "dataset", "input": input_uri, "output": output_uri,
+              "s3_access": plan.s3_access().to_json()}
     with r.pipeline() as pipe:  # the record with its plan step, or nothing
         records.create_job(r, job_id, fields, pipe)
         owner_index.add(r, owner_index.JOBS, owner, job_id, pipe)
@@ -137,7 +148,7 @@ def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload, on_comp
     records.mark_running(r, payload.job_id)
     try:
         payloads, num_rows = _cut(s3, payload)
-    except (ClientError, BotoCoreError) as error:
+    except S3_ERRORS as error:
         records.finish(r, payload.job_id, JobStatus.FAILED, settings.result_ttl_s, f"reading the input: {error}")
         return {"error": str(error)}
     records.set_plan(r, payload.job_id, num_rows, len(payloads))
@@ -152,17 +163,19 @@ def plan_dataset(r: Redis, s3, settings: Settings, payload: PlanPayload, on_comp
 
 
 def _cut(s3, payload: PlanPayload) -> tuple[list[ChunkPayload], int]:
-    input_prefix = parse_s3_uri(payload.input)
-    keys = list_keys(s3, input_prefix)
+    """The input's objects (every listed key checked against the grants before it is read), cut."""
+    access = payload.s3_access()
+    input_uri = access.check_read(S3Uri.from_stored(payload.input))
+    keys = list_dataset_keys(s3, input_uri)
     if not keys:
-        raise ClientError({"Error": {"Code": "NoObjects", "Message": f"no objects under {payload.input}"}}, "List")
+        raise ClientError({"Error": {"Code": "NoObjects", "Message": f"no objects at {payload.input}"}}, "List")
     spec = payload.spec_fields()
     payloads: list[ChunkPayload] = []
     for key in keys:
-        uri = parse_s3_uri(f"s3://{input_prefix.bucket}/{key}")
+        uri = access.check_read(S3Uri(input_uri.bucket, key))
         for source, num_rows in datasets.plan_chunks(uri, iter_lines(s3, uri), payload.chunk_num_rows):
             payloads.append(ChunkPayload(job_id=payload.job_id, chunk_index=len(payloads), **spec, source=source,
-                                         output=payload.output, num_rows=num_rows))
+                                         output=payload.output, num_rows=num_rows, access=access))
     return payloads, sum(c.num_rows for c in payloads)
 
 
@@ -187,7 +200,11 @@ def settle_chunk(
         summary = ChunkSummary.for_cancelled(payload.num_rows)
         records.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
         return summary
-    chunks.write_rows(r, s3, payload, work.rows)
+    try:
+        chunks.write_rows(r, s3, payload, work.rows)
+    except S3_ERRORS as error:  # after the client's retries: the rows settle as errors, kept in Redis
+        log.warning("job %s chunk %d: writing its rows failed: %s", payload.job_id, payload.chunk_index, error)
+        chunks.keep_unwritten(r, payload, work.rows, f"writing the results to {payload.output} failed: {error}")
     summary = chunks.summarize(work.rows)
     records.add_passes(r, payload.job_id, chunks.pass_names(work.rows, worker_name))
     records.settle_chunk(r, payload.job_id, payload.chunk_index, summary)
@@ -203,15 +220,27 @@ def finalize_if_complete(r: Redis, s3, settings: Settings, job_id: str, on_compl
     record = records.load_job(r, job_id)
     if record is None or records.status_of(record).is_terminal:
         return False
-    if on_complete is not None:
-        on_complete(r, s3, job_id, record)
-    if record.get("output"):
-        output = parse_s3_uri(record["output"])
-        manifest = datasets.build_manifest(job_id, record["input"], output, records.chunk_summaries(r, job_id))
-        body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2)
-        put_bytes(s3, datasets.manifest_uri(output), body, "application/json")
     ttl = settings.sync_result_ttl_s if record.get("kind") == "sync" else settings.result_ttl_s
+    try:
+        if on_complete is not None:
+            on_complete(r, s3, job_id, record)
+        if record.get("output"):
+            _write_manifest(r, s3, job_id, record)
+    except S3_ERRORS as error:  # the rows are settled and counted; the job ends, failed, saying why
+        log.warning("job %s: finishing on S3 failed: %s", job_id, error)
+        return records.finish(r, job_id, JobStatus.FAILED, ttl, f"writing the job's S3 output failed: {error}")
+    if records.kept_chunks(r, job_id) and record.get("output"):
+        return records.finish(r, job_id, JobStatus.FAILED, ttl, "some chunks could not be written to S3; their"
+                              " rows are error rows in the service's results (GET /v1/jobs/{id}/results)")
     return records.finish(r, job_id, JobStatus.SUCCEEDED, ttl)
+
+
+def _write_manifest(r: Redis, s3, job_id: str, record: dict) -> None:
+    output = S3Uri.from_stored(record["output"])
+    manifest = datasets.build_manifest(job_id, record["input"], output, records.chunk_summaries(r, job_id),
+                                       records.kept_chunks(r, job_id))
+    body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2)
+    put_bytes(s3, records.s3_access_of(record).check_write(datasets.manifest_uri(output)), body, "application/json")
 
 
 # ---- dead chunks: RQ gave up on them, they still settle ------------------------------------
@@ -227,21 +256,40 @@ def settle_dead_chunks(r: Redis, s3, settings: Settings, worker_name: str, on_co
     """Settle every recorded dead chunk (a plan step's entry is dropped); how many were taken."""
     num_taken = 0
     while (entry := r.lindex(queues.DEAD_CHUNKS_KEY, 0)) is not None:
-        item = orjson.loads(entry)
-        if "chunk_index" in item["payload"]:
-            payload = ChunkPayload.model_validate(item["payload"])
+        try:
+            item = orjson.loads(entry)
+            payload = ChunkPayload.model_validate(item["payload"]) if "chunk_index" in item["payload"] else None
+        except (ValueError, KeyError, TypeError):  # an entry no payload model reads: dropped, not retried forever
+            log.exception("dropping a dead-chunk entry that cannot be read: %r", entry[:200])
+            payload = item = None
+        if payload is not None:
             settle_dead_chunk(r, s3, settings, payload, item["reason"], worker_name, on_complete)
+        elif item is not None and "job_id" in item["payload"]:
+            _end_unplanned(r, settings, item["payload"]["job_id"], item["reason"])
         r.lrem(queues.DEAD_CHUNKS_KEY, 1, entry)
         num_taken += 1
     return num_taken
+
+
+def _end_unplanned(r: Redis, settings: Settings, job_id: str, reason: str) -> None:
+    """A plan step that will never run again: its job, if it never got a plan, ends failed
+    (a planned job's chunks settle it)."""
+    record = records.load_job(r, job_id)
+    if record is not None and not record.get("num_chunks"):
+        records.finish(r, job_id, JobStatus.FAILED, settings.result_ttl_s, f"planning the job failed: {reason}")
 
 
 def settle_dead_chunk(
     r: Redis, s3, settings: Settings, payload: ChunkPayload, reason: str, worker_name: str,
     on_complete: OnComplete | None = None,
 ) -> None:
-    """One error row per input row of a chunk that could not be scored."""
-    work = ChunkWork(payload, chunks.unscored_rows(s3, payload, reason))
+    """One error row per input row of a chunk that could not be scored (input unreadable: one
+    per row counted at planning, without its custom_id)."""
+    try:
+        rows = chunks.unscored_rows(s3, payload, reason)
+    except S3_ERRORS as error:
+        rows = chunks.unread_rows(payload, f"{reason}; reading its input failed: {error}")
+    work = ChunkWork(payload, rows)
     settle_chunk(r, s3, settings, work, worker_name, on_complete)
 
 

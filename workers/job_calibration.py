@@ -20,8 +20,8 @@ import orjson
 from redis import Redis
 
 from contract import queues
-from contract.s3_uri import parse_s3_uri
-from jobstore import datasets
+from contract.s3_uri import S3Uri
+from jobstore import datasets, records
 from jobstore.s3 import get_bytes, put_bytes
 from prompt_packs.job_calibration import (
     job_priors,
@@ -38,9 +38,10 @@ def _batch_query_ids(rows: list[dict]) -> set[str]:
 
 def _read_chunks(r: Redis, s3, job_id: str, record: dict, num_chunks: int) -> dict[int, list[dict]]:
     chunks = {}
+    kept = records.kept_chunks(r, job_id)  # inline chunks, and dataset chunks S3 could not take
     for index in range(num_chunks):
-        if record.get("output"):
-            data = get_bytes(s3, datasets.results_uri(parse_s3_uri(record["output"]), index))
+        if record.get("output") and index not in kept:
+            data = get_bytes(s3, datasets.results_uri(S3Uri.from_stored(record["output"]), index))
         else:
             data = r.hget(queues.results_key(job_id), str(index)) or b""
         chunks[index] = [orjson.loads(line) for line in data.splitlines() if line.strip()]
@@ -49,8 +50,9 @@ def _read_chunks(r: Redis, s3, job_id: str, record: dict, num_chunks: int) -> di
 
 def _write_chunk(r: Redis, s3, job_id: str, record: dict, index: int, rows: list[dict]) -> None:
     body = datasets.to_jsonl(orjson.dumps(row) for row in rows)
-    if record.get("output"):
-        put_bytes(s3, datasets.results_uri(parse_s3_uri(record["output"]), index), body)
+    if record.get("output") and not r.hexists(queues.results_key(job_id), str(index)):
+        uri = datasets.results_uri(S3Uri.from_stored(record["output"]), index)
+        put_bytes(s3, records.s3_access_of(record).check_write(uri), body)
     else:
         r.hset(queues.results_key(job_id), str(index), body)
 
@@ -75,9 +77,9 @@ def _write_report(r: Redis, s3, job_id: str, record: dict, report: dict) -> None
     with tempfile.TemporaryDirectory() as folder:
         written = write_job_report(Path(folder), report)
         if record.get("output"):
-            output = parse_s3_uri(record["output"])
+            output, access = S3Uri.from_stored(record["output"]), records.s3_access_of(record)
             for path in written:
                 kind = {"json": "application/json", "md": "text/markdown", "png": "image/png"}[path.suffix[1:]]
-                put_bytes(s3, output.join(f"calibration/{path.name}"), path.read_bytes(), kind)
+                put_bytes(s3, access.check_write(output.join(f"calibration/{path.name}")), path.read_bytes(), kind)
         else:
             r.hset(queues.job_key(job_id), "calibration_report", written[0].read_bytes())

@@ -11,7 +11,10 @@ S3 locations are checked against the key's allow-lists (403) before any S3 call.
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Iterator
 
+from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
@@ -22,7 +25,7 @@ from api.served import resolve_model
 from api.sync_calls import check_packs
 from contract import queues
 from contract.payloads import JobCreate, JobList, JobView
-from contract.s3_uri import is_allowed, parse_s3_uri
+from contract.s3_uri import S3Access, S3Uri, is_allowed, parse_s3_uri
 from contract.settings import ApiKey, Settings
 from jobstore import datasets, owner_index, records
 from jobstore.lifecycle import cancel, submit_dataset, submit_inline
@@ -55,7 +58,7 @@ def create_job(
                       packs=body.packs)
     else:
         submit_dataset(r, settings, key.name, model, body.scoring, body.input.s3, body.output.s3, body.debug,
-                       job_id=job_id, packs=body.packs)
+                       job_id=job_id, packs=body.packs, grants=S3Access.for_job(None, None, key.s3_read, key.s3_write))
     return records.load_view(r, job_id)
 
 
@@ -117,18 +120,32 @@ def cancel_job(job_id: str, key: KeyDep, r: RedisDep, settings: SettingsDep) -> 
 
 
 @router.get("/v1/jobs/{job_id}/results")
-def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep) -> StreamingResponse:
-    """The result rows as JSONL, streamed chunk by chunk in input order."""
+def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: SettingsDep) -> StreamingResponse:
+    """The result rows as JSONL, streamed chunk by chunk in input order (503 while S3 cannot be read)."""
     record = _load_owned(r, job_id, key)
     status = records.status_of(record)
     if not status.is_terminal:
         raise ApiError(409, f"job {job_id} is {status.value}; results are ready when it has ended")
     num_chunks = int(record.get("num_chunks") or 0)
     if record.get("output"):
-        output = parse_s3_uri(record["output"])
+        output = S3Uri.from_stored(record["output"])
         summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].cancelled]
-        rows = (get_bytes(s3, datasets.results_uri(output, index)) for index in written)
+        rows = _dataset_rows(r, s3, settings, job_id, output, written)
     else:
         rows = records.iter_inline_results(r, job_id, num_chunks)
     return StreamingResponse(rows, media_type="application/jsonl")
+
+
+def _dataset_rows(r, s3, settings: Settings, job_id: str, output: S3Uri, written: list[int]) -> Iterator[bytes]:
+    """Each chunk's rows: from S3, or from Redis for a chunk S3 could not take. The first chunk
+    is read before the response starts, so an S3 outage is a 503, not a broken stream."""
+    def read(index: int) -> bytes:
+        return records.stored_results(r, job_id, index) or get_bytes(s3, datasets.results_uri(output, index))
+
+    try:
+        first = read(written[0]) if written else b""
+    except (ClientError, BotoCoreError) as error:
+        raise ApiError(503, f"the results cannot be read from S3 now ({error}); try again",
+                       headers={"Retry-After": str(settings.retry_after_s)}) from None
+    return itertools.chain([first], (read(index) for index in written[1:]))

@@ -19,8 +19,9 @@ def test_the_spec_fields_sit_flat_in_every_payload():
         assert SPEC_FIELDS <= set(payload.model_dump(mode="json"))
     assert (body.model, body.packs, body.debug) == (None, [PackRef(id="spinf/moderation")], False)
     assert set(chunk.model_dump(mode="json")) == SPEC_FIELDS | {"job_id", "chunk_index", "items", "source", "requests", "output",
-                                                                "num_rows"}
-    assert set(plan.model_dump(mode="json")) == SPEC_FIELDS | {"job_id", "input", "output", "chunk_num_rows"}
+                                                                "num_rows", "access"}
+    assert set(plan.model_dump(mode="json")) == SPEC_FIELDS | {"job_id", "input", "output", "chunk_num_rows",
+                                                               "access"}
 
 
 def test_a_chunk_built_from_a_plans_spec_sends_only_what_the_plan_was_given():

@@ -55,3 +55,16 @@ def test_dead_dataset_chunks_settle_an_error_row_per_line_and_finalize(make_sett
     manifest = orjson.loads(s3.get_object(Bucket=s3_bucket, Key="out/manifest.json")["Body"].read())
     assert (manifest["num_chunks"], manifest["num_rows"], manifest["num_succeeded"], manifest["num_failed"]) == \
         (2, 4, 0, 4)
+
+
+def test_a_plan_step_given_up_on_ends_its_unplanned_job_failed_and_unreadable_entries_are_dropped(make_settings, s3_server, s3_bucket):
+    settings = make_settings(s3_bucket=s3_bucket)
+    r = redis.Redis.from_url(settings.redis_url)
+    job_id = lifecycle.submit_dataset(r, settings, "alice", "m", SPEC, f"s3://{s3_bucket}/in/",
+                                      f"s3://{s3_bucket}/out/")
+    r.rpush(queues.DEAD_CHUNKS_KEY, b"{not json", orjson.dumps({"payload": {"chunk_index": 0}, "reason": "x"}))
+    lifecycle.record_dead_chunk(r, _payload(r, f"{job_id}-plan"), "the chunk failed on its last attempt (worker lost)")
+    assert lifecycle.settle_dead_chunks(r, make_client(settings), settings, "w") == 3  # unreadable entries dropped
+    assert r.llen(queues.DEAD_CHUNKS_KEY) == 0
+    view = records.load_view(r, job_id)
+    assert view.status == JobStatus.FAILED and view.error.startswith("planning the job failed: the chunk failed")

