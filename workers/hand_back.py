@@ -27,6 +27,7 @@ def hand_back(connection: Redis, held: list[HeldJob]) -> list[str]:
     with connection.pipeline(transaction=True) as pipe:
         for item in reversed(held):  # each goes to the front: the first held ends up first
             item.execution.delete(job=item.job, pipeline=pipe)
-            item.queue.enqueue_job(item.job, pipeline=pipe, at_front=True)
+            # RQ's enqueue without its dependency step (which opens its own MULTI); chunks have none
+            item.queue._enqueue_job(item.job, pipeline=pipe, at_front=True)
         pipe.execute()
     return [item.job.id for item in held]
