@@ -10,7 +10,8 @@ so a caller that sets them gets them on either topology. Through Sentinel the cl
 sentinels for the current master at each (re)connection: after a failover its next command
 reconnects to the new master (redis-py's SentinelConnectionPool); a command cut by the switch
 raises ConnectionError (or ReadOnlyError from the demoted master) and is retried like any
-other connection error. Redis Cluster is not supported: RQ needs multi-key commands on one
+other connection error: unless the caller passes its own, a Sentinel client retries for up to
+FAILOVER_RETRY_S (a failover takes a few seconds). Redis Cluster is not supported: RQ needs multi-key commands on one
 node.
 """
 
@@ -18,10 +19,24 @@ from __future__ import annotations
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from contract.settings import Settings
+
+
+FAILOVER_RETRY_S = 30.0  # about: 40 retries, backoff 0.05 s doubling to at most 1 s
+
+
+def _failover_retry(client_kwargs: dict, retry_class) -> dict:
+    if "retry" in client_kwargs:
+        return client_kwargs
+    retry = retry_class(ExponentialBackoff(cap=1.0, base=0.05), retries=40)
+    return {"retry": retry, "retry_on_error": [ConnectionError, TimeoutError], **client_kwargs}
 
 
 def sentinel_addresses(settings: Settings) -> list[tuple[str, int]]:
@@ -43,7 +58,7 @@ def redis_client(settings: Settings, **client_kwargs) -> redis.Redis:
     """A sync client on the service's Redis (the Sentinel master when sentinels are set)."""
     if uses_sentinel(settings):
         sentinel = Sentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
-        return sentinel.master_for(settings.redis_sentinel_service, **client_kwargs)
+        return sentinel.master_for(settings.redis_sentinel_service, **_failover_retry(client_kwargs, Retry))
     if not settings.redis_url:
         raise ValueError("redis_url is empty and no redis_sentinels are set")
     return redis.Redis.from_url(settings.redis_url, **client_kwargs)
@@ -53,7 +68,7 @@ def async_redis_client(settings: Settings, **client_kwargs) -> aioredis.Redis:
     """The asyncio client on the same Redis as `redis_client`."""
     if uses_sentinel(settings):
         sentinel = AsyncSentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
-        return sentinel.master_for(settings.redis_sentinel_service, **client_kwargs)
+        return sentinel.master_for(settings.redis_sentinel_service, **_failover_retry(client_kwargs, AsyncRetry))
     if not settings.redis_url:
         raise ValueError("redis_url is empty and no redis_sentinels are set")
     return aioredis.Redis.from_url(settings.redis_url, **client_kwargs)
