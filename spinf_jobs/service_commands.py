@@ -3,7 +3,9 @@
     serve   embedded default: no SPINF_REDIS_URL -> local Redis in data_dir, API on :8000, one
             worker thread (CPU when there is no GPU)
     api     the HTTP API alone (scaled deployment, SPINF_REDIS_URL required)
-    worker  one GPU worker: loads its models once, drains their queue pairs greedily
+    worker  one GPU worker (--device cuda:N), or one process per device (--devices all |
+            cuda:0,cuda:1): loads its models once, drains their queue pairs greedily;
+            SIGTERM hands its held chunks back to their queues, SIGINT finishes the batch first
     demo    serve + submit fixtures/demo as a job + progress + a summary
 
 Settings come from SPINF_* env vars (contract/settings.py); the flags that matter per process
@@ -46,6 +48,8 @@ def add_service_commands(subparsers) -> None:
     _add_packs_flag(worker)  # the workers' engines apply the packs the API accepts
     worker.add_argument("--name", default=None, help="worker name (default: host + random suffix)")
     worker.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+    worker.add_argument("--devices", default=None, metavar="all|LIST",
+                        help="one worker process per device: all (every visible GPU) or cuda:0,cuda:1 (cpu:0,cpu:1)")
     worker.set_defaults(handler=_worker)
 
     demo = subparsers.add_parser("demo", help="start the embedded service, score fixtures/demo as a job, summarise")
@@ -147,16 +151,40 @@ def _api(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from spinf_jobs.embedded import make_worker
 
+    if args.devices:
+        return _worker_per_device(args)
     settings = _settings(args)
-    if not settings.redis_url:
-        print("spinf-jobs worker needs SPINF_REDIS_URL (or use `spinf-jobs serve`)", file=sys.stderr)
+    if not settings.redis_url and not settings.redis_sentinels:
+        print("spinf-jobs worker needs SPINF_REDIS_URL or SPINF_REDIS_SENTINELS (or use `spinf-jobs serve`)",
+              file=sys.stderr)
         return 2
+    _use_device(settings.device)
     worker = make_worker(settings, _load(args, settings), name=args.name)
-    for sig in (signal.SIGINT, signal.SIGTERM):  # finish the batch in hand, then leave
-        signal.signal(sig, lambda *_: worker.stop())
-    print(f"worker {worker.name} serving {', '.join(worker.engines)}", file=sys.stderr)
+    signal.signal(signal.SIGINT, lambda *_: worker.stop())  # finish the batch in hand, then leave
+    signal.signal(signal.SIGTERM, lambda *_: worker.request_hand_back())  # held chunks back to the queue
+    print(f"worker {worker.name} on {worker.device} serving {', '.join(worker.engines)}", file=sys.stderr)
     worker.run(burst=args.burst)
     return 0
+
+
+def _use_device(device: str) -> None:
+    """cuda:N: make it this process's current CUDA device (the kernels launch on it)."""
+    if device.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(device)
+
+
+def _worker_per_device(args: argparse.Namespace) -> int:
+    from spinf_jobs.worker_devices import child_commands, devices_of, run_fleet
+
+    try:
+        devices = devices_of(args.devices)
+    except ValueError as error:
+        print(f"spinf-jobs worker: {error}", file=sys.stderr)
+        return 2
+    argv = sys.argv[sys.argv.index("worker"):]  # this command line, from the command on
+    return run_fleet(child_commands(argv, devices, args.name))
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -20,6 +20,12 @@ replaces the loop. Every job held is in the StartedJobRegistry under an Executio
 heartbeat a background thread refreshes; a worker killed mid-pass stops heartbeating, its
 executions expire after `heartbeat_ttl_s`, and any live worker's registry cleanup re-queues
 the jobs (RQ `Retry`), so another worker finishes them. Never forks.
+
+`stop()` (SIGINT, the embedded service) finishes the batch in hand, then leaves;
+`request_hand_back()` (SIGTERM: a pod being stopped) leaves at the next row instead and hands
+every held job back to its queue (workers.hand_back). The worker's check-in (its heartbeat,
+every `heartbeat_interval_s`) publishes its name, device, models and recent rates
+(workers.worker_rates) for GET /health and /metrics.
 """
 
 from __future__ import annotations
@@ -50,9 +56,11 @@ from contract.payloads import ChunkPayload, PlanPayload
 from contract.settings import Settings
 from jobstore import lifecycle
 from workers import tasks
+from workers.hand_back import HandBack, hand_back
 from workers.job_calibration import calibrate_finished_job
 from workers.lookahead import HeldJob, LookAhead
 from workers.row_progress import RowProgress
+from workers.worker_rates import WorkerRates
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +70,10 @@ WAIT_SLICE_S = 0.05  # an idle worker looks at its batch queues this often (sync
 class GreedyWorker(SimpleWorker):
     death_penalty_class = TimerDeathPenalty  # works off the main thread (embedded serve, tests)
 
-    def __init__(self, connection: Redis, engines: dict, settings: Settings, s3=None, name: str | None = None):
+    def __init__(self, connection: Redis, engines: dict, settings: Settings, s3=None, name: str | None = None,
+                 device: str | None = None):
         self.engines = engines  # served model name -> Engine
+        self.device = device or _device_of(engines, settings)  # "cuda:0", "cpu": what /health shows
         self.settings = settings
         self.s3 = s3
         self.model_of_queue: dict[str, str] = {}
@@ -83,6 +93,8 @@ class GreedyWorker(SimpleWorker):
         self._held: list[HeldJob] = []
         self._held_lock = threading.Lock()
         self._stop = threading.Event()
+        self._hand_back = threading.Event()
+        self.rates = WorkerRates()
         self._last_maintenance = 0.0
         self._ahead: LookAhead | None = None  # the next batch, begun during GPU waits
 
@@ -108,24 +120,45 @@ class GreedyWorker(SimpleWorker):
                 self.maintain_if_due()
                 if not self.drain_once(block_s=max(1, int(self.settings.maintenance_interval_s))) and burst:
                     break
+        except HandBack:
+            pass  # the held jobs go back below
         finally:
             self._stop.set()
-            try:
-                ahead, self._ahead = self._ahead, None  # on the way out it takes no more
-                if ahead is not None and ahead.held:
-                    self._run(ahead.model, ahead.held)  # held jobs are scored, not left to expire
-            except Exception:  # the worker still unregisters; RQ re-runs what it held
-                log.exception("scoring the jobs held on the way out failed")
-            beat.join(timeout=5)
-            self.unpublish()
-            self.register_death()
+            self._leave(beat)
+
+    def _leave(self, beat: threading.Thread) -> None:
+        try:
+            ahead, self._ahead = self._ahead, None  # on the way out it takes no more
+            if ahead is not None and ahead.held and not self._hand_back.is_set():
+                self._run(ahead.model, ahead.held)  # held jobs are scored, not left to expire
+        except (Exception, HandBack):  # the worker still unregisters; what it holds goes back
+            log.exception("scoring the jobs held on the way out failed")
+        beat.join(timeout=max(5.0, 2 * self.settings.heartbeat_interval_s))  # no beat after the hand-back
+        with self._held_lock:
+            held, self._held = list(self._held), []
+        if held:
+            log.warning("worker %s hands back %d held jobs", self.name, len(held))
+            hand_back(self.connection, held)
+        self.unpublish()
+        self.register_death()
 
     def stop(self) -> None:
+        """Finish the batch in hand, then leave."""
         self._stop.set()
+
+    def request_hand_back(self) -> None:
+        """Leave at the next row built and queue every held job again (a signal handler may call it)."""
+        self._hand_back.set()
+        self._stop.set()
+
+    def _check_hand_back(self) -> None:
+        if self._hand_back.is_set():
+            raise HandBack()
 
     def publish(self) -> None:
         """Tell the API which models this worker serves (and their limits)."""
-        info = {"name": self.name, "models": [_describe(name, engine) for name, engine in self.engines.items()]}
+        info = {"name": self.name, "device": self.device, "heartbeat": time.time(),
+                "models": [_describe(name, engine) for name, engine in self.engines.items()], **self.rates.snapshot()}
         with self.connection.pipeline() as pipe:
             pipe.set(queues.worker_key(self.name), orjson.dumps(info), ex=self.settings.worker_ttl_s)
             pipe.zadd(queues.WORKERS_KEY, {self.name: time.time()})
@@ -207,6 +240,7 @@ class GreedyWorker(SimpleWorker):
         self._ahead = ahead = LookAhead(self.engines, self._take, self.settings.worker_batch_passes)
 
         def step() -> bool:
+            self._check_hand_back()
             try:
                 more = ahead.step()
             except Exception:  # ends the look-ahead only; what it holds is scored next
@@ -280,6 +314,7 @@ class GreedyWorker(SimpleWorker):
             item.load_error = error
 
     def _run(self, model: str, held: list[HeldJob]) -> None:
+        self._check_hand_back()
         chunks = [h for h in held if h.work is not None]
         # sync calls first: their rows are packed into the batch's first pass
         scored = sorted((h for h in chunks if not h.work.is_cancelled), key=lambda h: not self._is_sync(h))
@@ -288,6 +323,7 @@ class GreedyWorker(SimpleWorker):
         progress = RowProgress(self.connection, [h.work for h in scored])
         performed: set[int] = set()  # ids of the jobs performed before the batch ends
         self._perform_when_scored(scored, performed)
+        self._check_hand_back_before_telling(rows)
         arrivals = partial(self._sync_arrivals, model, held, progress, performed)
         tasks.score_rows(self.engines[model], rows, compiled, self._look_ahead(), arrivals)
         scored_rows = [slot for h in held if h.work is not None and not h.work.is_cancelled for slot in h.work.rows]
@@ -310,6 +346,7 @@ class GreedyWorker(SimpleWorker):
                 continue
             progress.add([item.work])
             self._perform_when_scored([item], performed)
+            self._check_hand_back_before_telling(item.work.rows)
             engine = self.engines[model]
             for slot in item.work.rows:
                 if slot.request is not None:
@@ -317,6 +354,15 @@ class GreedyWorker(SimpleWorker):
                     item.num_tokens += getattr(done, "num_tokens", 0)
                     arrived.append((slot, done))
         return arrived
+
+    def _check_hand_back_before_telling(self, rows: list) -> None:
+        """The safe point of a hand-back: before a built row is told (progress, settle)."""
+        for slot in rows:
+            slot.on_scored = partial(self._checked, slot.on_scored)
+    def _checked(self, then) -> None:
+        self._check_hand_back()
+        if then is not None:
+            then()
 
     def _is_sync(self, item: HeldJob) -> bool:
         return item.queue.name in self._sync_queue_names
@@ -376,6 +422,7 @@ class GreedyWorker(SimpleWorker):
             pipe.hincrby(queues.STATS_KEY, "pass_tokens_total", num_tokens)
             pipe.hincrby(queues.STATS_KEY, "pass_budget_tokens_total", budget * len(pass_ids))
             pipe.execute()
+        self.rates.record(len(rows), num_tokens, budget * len(pass_ids))
 
 
 def _clean_registries(queue: Queue) -> None:
@@ -384,6 +431,15 @@ def _clean_registries(queue: Queue) -> None:
     StartedJobRegistry(**args).cleanup()
     FinishedJobRegistry(**args).cleanup()
     FailedJobRegistry(**args).cleanup()
+
+
+def _device_of(engines: dict, settings: Settings) -> str:
+    """The device the engines run on ("cuda:0", "cpu"), else the configured one."""
+    for engine in engines.values():
+        device = getattr(getattr(engine, "runner", None), "device", None)
+        if device is not None:
+            return str(device)
+    return settings.device
 
 
 def _describe(name: str, engine) -> dict:

@@ -20,7 +20,9 @@ def client(make_settings):
 
 
 def test_every_route_but_health_needs_a_key(client, bearer):
-    assert client.get("/health").status_code == 200
+    health = client.get("/health")  # open; 503 here: no worker serves the default model "m"
+    assert health.status_code == 503 and health.json()["problems"] == [
+        "model 'm': no live worker (none checked in within worker_ttl_s=60 s)"]
     for method, path in [("get", "/v1/models"), ("get", "/metrics"), ("get", "/v1/jobs/job-x"),
                          ("post", "/v1/jobs"), ("post", "/v1/score"), ("post", "/v1/chat/completions")]:
         response = getattr(client, method)(path)

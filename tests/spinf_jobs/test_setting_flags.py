@@ -71,7 +71,7 @@ def test_score_and_parity_model_flag_is_the_default_model(env):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["worker", "--max-num-batched-tokens", "0"], "argument --max-num-batched-tokens: Input should be greater than 0"),
-    (["serve", "--device", "gpu"], "argument --device: Input should be 'auto', 'cpu' or 'cuda'"),
+    (["serve", "--device", "gpu"], "argument --device: Value error, 'gpu' is not one of auto, cpu, cuda, cuda:N"),
     (["score", "-", "--max-num-batched-tokens", "many"], "unable to parse string as an integer"),
 ])
 def test_a_bad_flag_is_refused_with_the_fields_message(env, capsys, argv, message):

@@ -1,0 +1,79 @@
+"""Which Redis the service talks to: one server by URL, or the master a Redis Sentinel names.
+
+    settings.redis_sentinels = []                 -> redis.Redis.from_url(settings.redis_url)
+    settings.redis_sentinels = ["h1:26379", ...]  -> Sentinel(those).master_for(redis_sentinel_service)
+    redis_client(settings, **client_kwargs)        sync client (workers, the API's sync routes)
+    async_redis_client(settings, **client_kwargs)  asyncio client (the API's middleware, sync waits)
+
+`client_kwargs` go to every connection the client opens (socket timeouts, redis-py `Retry`),
+so a caller that sets them gets them on either topology. Through Sentinel the client asks the
+sentinels for the current master at each (re)connection: after a failover its next command
+reconnects to the new master (redis-py's SentinelConnectionPool); a command cut by the switch
+raises ConnectionError (or ReadOnlyError from the demoted master) and is retried like any
+other connection error: unless the caller passes its own, a Sentinel client retries for up to
+FAILOVER_RETRY_S (a failover takes a few seconds). Redis Cluster is not supported: RQ needs multi-key commands on one
+node.
+"""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from contract.settings import Settings
+
+
+FAILOVER_RETRY_S = 30.0  # about: 40 retries, backoff 0.05 s doubling to at most 1 s
+
+
+def _failover_retry(client_kwargs: dict, retry_class) -> dict:
+    if "retry" in client_kwargs:
+        return client_kwargs
+    retry = retry_class(ExponentialBackoff(cap=1.0, base=0.05), retries=40)
+    return {"retry": retry, "retry_on_error": [ConnectionError, TimeoutError], **client_kwargs}
+
+
+def sentinel_addresses(settings: Settings) -> list[tuple[str, int]]:
+    """The sentinels as (host, port); a bad entry is a ValueError naming it."""
+    addresses = []
+    for entry in settings.redis_sentinels:
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"redis_sentinels: {entry!r} is not host:port")
+        addresses.append((host.strip("[]"), int(port)))
+    return addresses
+
+
+def uses_sentinel(settings: Settings) -> bool:
+    return bool(settings.redis_sentinels)
+
+
+def redis_client(settings: Settings, **client_kwargs) -> redis.Redis:
+    """A sync client on the service's Redis (the Sentinel master when sentinels are set)."""
+    if uses_sentinel(settings):
+        sentinel = Sentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
+        return sentinel.master_for(settings.redis_sentinel_service, **_failover_retry(client_kwargs, Retry))
+    if not settings.redis_url:
+        raise ValueError("redis_url is empty and no redis_sentinels are set")
+    return redis.Redis.from_url(settings.redis_url, **client_kwargs)
+
+
+def async_redis_client(settings: Settings, **client_kwargs) -> aioredis.Redis:
+    """The asyncio client on the same Redis as `redis_client`."""
+    if uses_sentinel(settings):
+        sentinel = AsyncSentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
+        return sentinel.master_for(settings.redis_sentinel_service, **_failover_retry(client_kwargs, AsyncRetry))
+    if not settings.redis_url:
+        raise ValueError("redis_url is empty and no redis_sentinels are set")
+    return aioredis.Redis.from_url(settings.redis_url, **client_kwargs)
+
+
+def _sentinel_kwargs(client_kwargs: dict) -> dict:
+    """The sentinels themselves get the same socket timeouts as the data connections."""
+    return {k: v for k, v in client_kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")}
