@@ -5,7 +5,7 @@
     live SlotJobs --prepare_decode_batch--> DecodeBatch (one span per slot: its live
         hypotheses' last tokens; one RowNeed per row; the slots' K/V in the KVStore's arenas,
         the spans grouped for one SDPA per layer and group) --runner.decode--> log-probs [S, V]
-        on the device --decoder.select--> Candidates per row (k best, END) on the host
+        on the device --select.select--> Candidates per row (k best, END) on the host
         --decoder.advance--> next hypotheses
     finished SlotJobs --decoder.answers--> answers, residual (engine/pipeline/responses.py)
     slots asking `floor`: floor prompt (user contents emptied) read as a slot of its own tree
@@ -26,17 +26,15 @@ import torch
 
 from engine.extraction.decoder import (
     BeamDecoder,
-    Candidates,
     DecodeState,
     ForcedDecoder,
     GenerateDecoder,
     Hypothesis,
-    RowNeed,
     answers,
     decoder_for,
-    select,
     start_state,
 )
+from engine.extraction.select import Candidates, RowNeed, select
 from engine.extraction.kv_cache import KVStore, SlotKV
 from engine.extraction.slots import SlotSpec, SlotVocab
 from engine.layers.decode_attention import DecodeMetadata, DecodeSpan, decode_mask

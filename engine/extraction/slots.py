@@ -9,7 +9,7 @@ grammars: a continuation may only use tokens that keep its text a prefix of a nu
 amount with its currency), and it ends when the model writes anything else (that mass is
 the answer's closing probability). Grammar prefixes are checked with the `regex` module's
 partial matching (a transformers dependency). No model here; `SlotVocab.tables` puts the
-token sets on the model's device once, for engine/decoder.select.
+token sets on the model's device once, for engine/extraction/select.py.
 """
 
 from __future__ import annotations

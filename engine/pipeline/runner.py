@@ -10,7 +10,7 @@ A pass with extraction slots also returns their whole next-token distributions a
 of their prompts (kept for decoding); `decode` runs a decoding pass over that K/V:
 
     DecodeBatch (engine/extraction/decoding.py) --model--> logits [S, V] --log-softmax--> [S, V]
-        --decoder.select (on the device)--> each row's top k+1 candidates and END mass
+        --select.select (on the device)--> each row's top k+1 candidates and END mass
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from engine.layers.ops import SCORE_CHUNK, to_device
 from engine.pipeline.stages import PackedBatch, RunnerOutput
 
 if TYPE_CHECKING:  # types only: extraction drives this runner (engine/extraction/decoding.py imports it)
-    from engine.extraction.decoder import Candidates
+    from engine.extraction.select import Candidates
     from engine.extraction.decoding import DecodeBatch
 
 
@@ -114,7 +114,7 @@ class ModelRunner:
         """One decoding pass (engine/extraction/decoding.py) -> per scored row, the Candidates
         its hypothesis asked for (None for padding). The log-softmax ([S, V], row by row as in
         `chunked_log_softmax`), the masks and the top-k stay on the device: only [S, k]
-        log-probs and ids, END masses and sampled rows reach the host (engine/decoder.select)."""
+        log-probs and ids, END masses and sampled rows reach the host (engine/extraction/select.py)."""
         logits = self.model(
             to_device(batch.input_ids, self.device),
             to_device(batch.positions, self.device),

@@ -124,9 +124,9 @@ def test_generate_sampling_is_reproducible_by_seed(vocab):
                == "length" for s in range(2))
 
 
-# Candidate selection (engine/decoder.select): what the decoders get instead of whole rows.
+# Candidate selection (engine/extraction/select.py): what the decoders get instead of whole rows.
 
-from engine.extraction.decoder import ALL, TEXT, RowNeed, select  # noqa: E402
+from engine.extraction.select import ALL, TEXT, RowNeed, select  # noqa: E402
 
 
 def _old_top(logprobs: torch.Tensor, width: int, allowed: list[int] | None = None) -> list[tuple[float, int]]:
