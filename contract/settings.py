@@ -29,7 +29,7 @@ def hash_api_key(key: str) -> str:
 
 class ApiKey(BaseModel):
     name: str  # owner id: jobs belong to it, logs and metrics name it
-    sha256: str  # hex digest of the bearer token
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")  # hex digest of the bearer token (64 hex characters)
     # "bucket" or "bucket/prefix/": S3 locations this key may read (dataset input) and write (output)
     s3_read: list[str] = Field(default_factory=list)
     s3_write: list[str] = Field(default_factory=list)
