@@ -18,7 +18,8 @@ from api.middleware import AdmissionMiddleware
 from api.openapi import install_openapi
 from api.routes import batches, chat, decide, files, health, jobs, models, packs, score
 from contract.settings import Settings, get_settings
-from jobstore.redis_topology import async_redis_client, redis_client, uses_sentinel
+from jobstore.connections import async_client, sync_client
+from jobstore.redis_topology import uses_sentinel
 from jobstore.s3 import make_client
 from prompt_packs.registry import PackRegistry
 
@@ -29,8 +30,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         raise ValueError("redis_url is empty: set SPINF_REDIS_URL or SPINF_REDIS_SENTINELS (or use `spinf-jobs serve`)")
     app = FastAPI(title="spinf-jobs", version="0.1.0", summary="Batch scoring with LLMs: read once, answer many")
     app.state.settings = settings
-    app.state.redis = redis_client(settings)
-    app.state.aredis = async_redis_client(settings)
+    app.state.redis = sync_client(settings)
+    app.state.aredis = async_client(settings)
     app.state.s3 = make_client(settings)
     app.state.keys_by_hash = {key.sha256.lower(): key for key in settings.api_keys}
     app.state.metrics = make_metrics(app.state.redis, settings)

@@ -5,6 +5,7 @@
     pydantic ValidationError raised in a route (a request built from the body, e.g. a
         decision's queries past a limit) -> the same 422
     HTTPException (400/401/403/404/409/413/429/504)  -> same shape, headers kept (Retry-After)
+    redis ConnectionError / TimeoutError (after the client's retries) -> 503 + Retry-After
 Messages are made printable UTF-8 (a lone surrogate is shown as its escape), so an error
 reply can always be written.
 """
@@ -17,11 +18,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
 
 _FIELD_PREFIX_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
-          413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 504: "timeout_error"}
+          413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
 
 
 class ApiError(HTTPException):
@@ -67,7 +70,22 @@ def _validation_reply(errors: list) -> JSONResponse:
     return JSONResponse(status_code=422, content=error_body(422, f"{param}: {detail}", param))
 
 
+REDIS_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError)
+
+
+def unavailable_reply(retry_after_s: int) -> tuple[int, dict, dict]:
+    """(status, body, headers) of a request that could not reach Redis."""
+    message = f"the job store (Redis) is unavailable; retry after {retry_after_s}s"
+    return 503, error_body(503, message), {"retry-after": str(retry_after_s)}
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _unavailable(request: Request, error: Exception) -> JSONResponse:
+        status, body, headers = unavailable_reply(request.app.state.settings.redis_retry_after_s)
+        return JSONResponse(status_code=status, content=body, headers=headers)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         return _validation_reply(error.errors())

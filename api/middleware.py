@@ -5,6 +5,7 @@
                                                         is counted and cut at the limit;
                                                         POST /v1/files: max_file_bytes)
       queued rows (Redis gauge) >= max_queue          -> 429 + Retry-After
+      Redis unreachable (after the client's retries)   -> 503 + Retry-After
     every request: latency observed into the app's Prometheus histogram
 """
 
@@ -15,7 +16,7 @@ import time
 import orjson
 from starlette.exceptions import HTTPException
 
-from api.errors import error_body
+from api.errors import REDIS_UNAVAILABLE, error_body, unavailable_reply
 from contract import queues
 
 ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/jobs", "/v1/batches")
@@ -43,7 +44,11 @@ class AdmissionMiddleware:
             await send(message)
 
         try:
-            refusal = await self._refusal(scope) if scope["method"] == "POST" else None
+            try:
+                refusal = await self._refusal(scope) if scope["method"] == "POST" else None
+            except REDIS_UNAVAILABLE:
+                status_code, body, headers = unavailable_reply(self.settings.redis_retry_after_s)
+                refusal = status_code, body["error"]["message"], headers
             if refusal is not None:
                 await _send_json(send_status, *refusal)
             else:

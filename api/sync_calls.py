@@ -1,7 +1,7 @@
 """Synchronous scoring through the priority queue: submit one row, wait for it to settle.
 
     ScoringRequest -> packs known? (422 naming the pack) -> sync job (1 row, priority queue)
-      -> BLPOP done key (deadline) -> the row's response | 422 naming the engine's field | 504 with the job id
+      -> BLPOP done key in slices under the socket timeout, until the deadline -> the row's response | 422 naming the engine's field | 504 with the job id
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from contract.payloads import JobCreate, JobItem
 from contract.protocol import ScoringRequest
 from contract.settings import ApiKey
 from jobstore import records
+from jobstore.connections import blpop_until
 from jobstore.lifecycle import submit_inline
 from prompt_packs.registry import PackRegistry, UnknownPackError
 
@@ -33,10 +34,10 @@ async def score_sync(request: Request, key: ApiKey, body: ScoringRequest) -> dic
     job_id = await asyncio.to_thread(
         submit_inline, state.redis, settings, key.name, model, body.scoring, [item], body.debug, True, None, body.packs
     )
-    settled = await state.aredis.blpop([queues.done_key(job_id)], timeout=settings.sync_timeout_s)
+    settled = await blpop_until(state.aredis, queues.done_key(job_id), settings.sync_timeout_s, settings)
     if settled is None:
         raise ApiError(504, f"not scored within {settings.sync_timeout_s}s; poll GET /v1/jobs/{job_id}",
-                       job_id=job_id)
+                       job_id=job_id, headers={"x-should-retry": "false"})
     state.metrics.score_wait.observe(time.perf_counter() - started)
     rows = await state.aredis.hget(queues.results_key(job_id), "0")
     if rows is None:  # cancelled or expired before we read it

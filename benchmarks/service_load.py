@@ -63,7 +63,7 @@ def start_api(redis_url: str, model: str, chunk_num_rows: int, folder: Path) -> 
     """`spinf-jobs api` in its own process, on a free loopback port; returns (process, base url)."""
     port = free_port()
     env = os.environ | {
-        "SPINF_REDIS_URL": redis_url + "?socket_timeout=900", "SPINF_DEFAULT_MODEL": model, "SPINF_CHUNK_NUM_ROWS": str(chunk_num_rows),
+        "SPINF_REDIS_URL": redis_url, "SPINF_DEFAULT_MODEL": model, "SPINF_CHUNK_NUM_ROWS": str(chunk_num_rows),
         "SPINF_API_KEYS": json.dumps([{"name": "bench", "sha256": hash_api_key(KEY)}]),
         "SPINF_SYNC_TIMEOUT_S": "600", "SPINF_MAX_QUEUE": "10000000", "SPINF_DATA_DIR": str(folder / "data"),
     }
@@ -95,12 +95,11 @@ def plan_of(base_url: str, items: list[dict], spec: dict, args, copies: int, num
 
 def serve_plan(engine, settings: Settings, plan: dict, folder: Path, name: str) -> dict:
     """Run a worker in this thread until the load generator (its own process) has finished."""
-    import redis
-
+    from jobstore.connections import sync_client
     from workers.loop import GreedyWorker
 
     (folder / f"{name}-plan.json").write_text(json.dumps(plan))
-    worker = GreedyWorker(redis.Redis.from_url(settings.redis_url), {engine.model_name: engine}, settings,
+    worker = GreedyWorker(sync_client(settings), {engine.model_name: engine}, settings,
                           name=f"bench-{name}")
     worker.publish()  # the API resolves the model through the live workers
     out = folder / f"{name}-out.json"

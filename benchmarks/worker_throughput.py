@@ -68,11 +68,10 @@ def time_engine(engine, items: list[JobItem], spec: ScoringSpec) -> float:
 
 
 def time_worker(engine, settings: Settings, items: list[JobItem], spec: ScoringSpec, look_ahead: bool) -> float:
-    import redis
-
+    from jobstore.connections import sync_client
     from workers.loop import GreedyWorker
 
-    connection = redis.Redis.from_url(settings.redis_url)
+    connection = sync_client(settings)
     worker = GreedyWorker(connection, {engine.model_name: engine}, settings)
     if not look_ahead:
         worker._look_ahead = lambda: None

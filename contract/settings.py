@@ -39,7 +39,7 @@ def hash_api_key(key: str) -> str:
 
 class ApiKey(BaseModel):
     name: str  # owner id: jobs belong to it, logs and metrics name it
-    sha256: str  # hex digest of the bearer token
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")  # hex digest of the bearer token (64 hex characters)
     # "bucket" or "bucket/prefix/": S3 locations this key may read (dataset input) and write (output)
     s3_read: list[str] = Field(default_factory=list)
     s3_write: list[str] = Field(default_factory=list)
@@ -55,6 +55,14 @@ class Settings(BaseSettings):
     redis_sentinels: list[str] = Field(default_factory=list)
     redis_sentinel_service: str = "mymaster"
     data_dir: Path = Path.home() / ".spinf-jobs"
+    # Redis clients (jobstore/connections.py): every call is bounded; a blocking wait is sliced
+    redis_socket_timeout_s: float = Field(5.0, gt=1, description="one Redis reply waited for this long")
+    redis_connect_timeout_s: float = Field(2.0, gt=0, description="a Redis connect waited for this long")
+    redis_num_retries: int = Field(2, ge=0, description="retries of a Redis call after a connection error or timeout")
+    redis_backoff_base_s: float = Field(0.5, gt=0, description="first backoff between Redis retries (exponential, jittered)")
+    redis_backoff_cap_s: float = Field(2.0, gt=0, description="longest backoff between Redis retries")
+    redis_health_check_interval_s: int = Field(30, ge=0, description="an idle pooled connection is PINGed past this")
+    redis_retry_after_s: int = Field(5, ge=1, description="Retry-After of a 503 when Redis is unavailable")
 
     # models: what the API accepts before any worker registered; workers add what they load
     default_model: str = Field(DEFAULT_MODEL, description="model of requests without `model`")

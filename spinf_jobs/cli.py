@@ -29,7 +29,28 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
-    return int(args.handler(args) or 0)
+    try:
+        return int(args.handler(args) or 0)
+    except Exception as error:  # settings from the environment that cannot be read: one line, no traceback
+        line = settings_error_line(error)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 2
+
+
+def settings_error_line(error: Exception) -> str | None:
+    """One line naming the bad setting, for a pydantic-settings error; None for anything else."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    if isinstance(error, SettingsError):
+        return f"invalid settings: {error} (SPINF_* variables take JSON for lists and keys)"
+    if isinstance(error, ValidationError) and error.title == "Settings":
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        return f"invalid settings: SPINF_{str(first['loc'][0]).upper()}: {field}: {first['msg']}"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

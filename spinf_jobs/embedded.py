@@ -67,11 +67,11 @@ def load_engines(models: list[str], settings: Settings) -> dict:
 
 
 def make_worker(settings: Settings, engines: dict, name: str | None = None):
-    from jobstore.redis_topology import redis_client
+    from jobstore.connections import sync_client
     from jobstore.s3 import make_client
     from workers.loop import GreedyWorker
 
-    connection = redis_client(settings)
+    connection = sync_client(settings)
     return GreedyWorker(connection, engines, settings, s3=make_client(settings), name=name)
 
 
