@@ -264,7 +264,7 @@ class SlowEngine:
         self.row_delay_s = row_delay_s
         self.config = dataclasses.replace(engine.config, max_num_batched_tokens=1)
 
-    def score_batch(self, requests, while_waiting=None, on_result=None):
+    def score_batch(self, requests, while_waiting=None, on_result=None, arrivals=None):
         time.sleep(self.delay_s)
 
         def slowly(index: int, *built) -> None:
@@ -272,7 +272,7 @@ class SlowEngine:
             if on_result is not None:
                 on_result(index, *built)
 
-        return self._engine.score_batch(requests, while_waiting, slowly)
+        return self._engine.score_batch(requests, while_waiting, slowly, arrivals)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
