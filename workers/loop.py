@@ -42,11 +42,9 @@ from collections.abc import Callable
 import orjson
 from redis import Redis
 from rq import Queue, SimpleWorker
-from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
-from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.timeouts import TimerDeathPenalty
 from rq.utils import now
 from rq.worker import WorkerStatus
@@ -59,21 +57,21 @@ from workers import tasks
 from workers.hand_back import HandBack, hand_back
 from workers.job_calibration import calibrate_finished_job
 from workers.lookahead import HeldJob, LookAhead
+from workers.queue_reader import QueueReader, clean_registries
+from workers.worker_info import describe_model, device_of
 from workers.row_progress import RowProgress
 from workers.worker_rates import WorkerRates
 
 log = logging.getLogger(__name__)
 
-WAIT_SLICE_S = 0.05  # an idle worker looks at its batch queues this often (sync wakes it at once)
 
-
-class GreedyWorker(SimpleWorker):
+class GreedyWorker(QueueReader, SimpleWorker):
     death_penalty_class = TimerDeathPenalty  # works off the main thread (embedded serve, tests)
 
     def __init__(self, connection: Redis, engines: dict, settings: Settings, s3=None, name: str | None = None,
                  device: str | None = None):
         self.engines = engines  # served model name -> Engine
-        self.device = device or _device_of(engines, settings)  # "cuda:0", "cpu": what /health shows
+        self.device = device or device_of(engines, settings)  # "cuda:0", "cpu": what /health shows
         self.settings = settings
         self.s3 = s3
         self.model_of_queue: dict[str, str] = {}
@@ -158,7 +156,7 @@ class GreedyWorker(SimpleWorker):
     def publish(self) -> None:
         """Tell the API which models this worker serves (and their limits)."""
         info = {"name": self.name, "device": self.device, "heartbeat": time.time(),
-                "models": [_describe(name, engine) for name, engine in self.engines.items()], **self.rates.snapshot()}
+                "models": [describe_model(name, engine) for name, engine in self.engines.items()], **self.rates.snapshot()}
         with self.connection.pipeline() as pipe:
             pipe.set(queues.worker_key(self.name), orjson.dumps(info), ex=self.settings.worker_ttl_s)
             pipe.zadd(queues.WORKERS_KEY, {self.name: time.time()})
@@ -175,7 +173,7 @@ class GreedyWorker(SimpleWorker):
             return
         self._last_maintenance = time.monotonic()
         for queue in self.queues:
-            _clean_registries(queue)
+            clean_registries(queue)
             IntermediateQueue(queue.key, self.connection).cleanup(self, queue)  # popped, never registered
         lifecycle.settle_dead_chunks(self.connection, self.s3, self.settings, self.name, calibrate_finished_job)
 
@@ -251,21 +249,6 @@ class GreedyWorker(SimpleWorker):
 
         return step
 
-    def _wait_for_job(self, block_s: float) -> tuple[Job, Queue] | None:
-        """Block (server-side, on the first sync queue) until any queue has a job."""
-        deadline = time.monotonic() + block_s
-        while not self._stop.is_set():
-            if (taken := self._pop(self.queues)) is not None:
-                return taken
-            if time.monotonic() >= deadline:
-                return None
-            # wakes at once for a sync call; batch queues are looked at every WAIT_SLICE_S
-            sync = self.queues[0]
-            job_id = self.connection.blmove(sync.key, sync.intermediate_queue_key, WAIT_SLICE_S, "LEFT", "RIGHT")
-            if job_id is not None and (job := self._fetch(sync, job_id)) is not None:
-                return job, sync
-        return None
-
     def _take(self, model: str | None, sync_only: bool = False) -> HeldJob | None:
         """Hold the first job queued for `model` (any model when None), sync queues first;
         never blocks (LookAhead's `take`)."""
@@ -273,23 +256,6 @@ class GreedyWorker(SimpleWorker):
                     and (not sync_only or q.name in self._sync_queue_names)]
         taken = self._pop(in_order)
         return None if taken is None else self._hold(*taken)
-
-    def _pop(self, queues_in_order: list[Queue]) -> tuple[Job, Queue] | None:
-        """Move the first job found (in queue order) to its queue's intermediate list: a worker
-        killed between this move and the started registry leaves it there, where RQ's
-        intermediate-queue cleanup finds it; a plain LPOP would lose it."""
-        for queue in queues_in_order:
-            while (job_id := self.connection.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")):
-                if (job := self._fetch(queue, job_id)) is not None:
-                    return job, queue
-        return None
-
-    def _fetch(self, queue: Queue, job_id: bytes) -> Job | None:
-        try:
-            return Job.fetch(job_id.decode(), connection=self.connection, serializer=queues.JsonSerializer)
-        except NoSuchJobError:  # deleted while queued (expired, cancelled)
-            self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
-            return None
 
     def _hold(self, job: Job, queue: Queue) -> HeldJob:
         """Register the job as ours (started registry + execution), then load its rows."""
@@ -423,30 +389,3 @@ class GreedyWorker(SimpleWorker):
             pipe.hincrby(queues.STATS_KEY, "pass_budget_tokens_total", budget * len(pass_ids))
             pipe.execute()
         self.rates.record(len(rows), num_tokens, budget * len(pass_ids))
-
-
-def _clean_registries(queue: Queue) -> None:
-    """RQ's registry cleanup: re-queue (or fail) jobs whose worker stopped heartbeating."""
-    args = {"queue": queue, "death_penalty_class": TimerDeathPenalty}
-    StartedJobRegistry(**args).cleanup()
-    FinishedJobRegistry(**args).cleanup()
-    FailedJobRegistry(**args).cleanup()
-
-
-def _device_of(engines: dict, settings: Settings) -> str:
-    """The device the engines run on ("cuda:0", "cpu"), else the configured one."""
-    for engine in engines.values():
-        device = getattr(getattr(engine, "runner", None), "device", None)
-        if device is not None:
-            return str(device)
-    return settings.device
-
-
-def _describe(name: str, engine) -> dict:
-    return {
-        "id": name,
-        "aliases": sorted({engine.model_name, str(engine.config.model)} - {name}),
-        "system_fingerprint": engine.system_fingerprint,
-        "max_context_tokens": engine.max_context_tokens,
-        "max_num_batched_tokens": engine.config.max_num_batched_tokens,
-    }
