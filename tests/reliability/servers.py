@@ -5,6 +5,7 @@ across a restart, and `spinf-jobs worker` processes.
       on every write (a SIGKILL loses nothing); .kill() -> SIGKILL; .start() again: same port,
       same data
     start_worker(settings, model, name, log) -> `python -m spinf_jobs.service_commands worker`
+    held_by(r, queue, worker name) -> the ids of the jobs that worker holds
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 import redis
+from rq.executions import Execution
+from rq.registry import StartedJobRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,3 +82,16 @@ def start_worker(settings, model: str, name: str, log: Path, *flags: str) -> sub
     command = [sys.executable, "-m", "spinf_jobs.service_commands", "worker", "--model", model, "--device", "cpu",
                "--name", name, *flags]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def held_by(r, queue_name: str, worker_name: str) -> list[str]:
+    """The ids of this queue's jobs that this worker holds (started registry, by execution)."""
+    registry = StartedJobRegistry(queue_name, connection=r)
+    held = []
+    for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
+        try:
+            if Execution.fetch(execution_id, job_id, r).worker_name == worker_name:
+                held.append(job_id)
+        except ValueError:  # execution finished between the two reads
+            continue
+    return held

@@ -15,9 +15,7 @@ import time
 import orjson
 import pytest
 import redis
-from rq.executions import Execution
 from rq.job import Job
-from rq.registry import StartedJobRegistry
 
 from contract import queues
 from contract.payloads import JobItem, JobStatus
@@ -25,7 +23,7 @@ from contract.protocol import ScoringSpec
 from jobstore import records
 from jobstore.lifecycle import submit_inline
 from jobstore.submit import chunk_rq_id
-from reliability.servers import RedisProcess, start_worker
+from reliability.servers import RedisProcess, held_by, start_worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -39,18 +37,6 @@ FLAGS = ("--max-num-batched-tokens", "128")
 
 def _texts(num_rows: int) -> list[JobItem]:
     return [JobItem(custom_id=f"r{i}", text=f"Customer message {i}: please refund order {i}.") for i in range(num_rows)]
-
-
-def _held_by(r, queue_name: str, worker_name: str) -> list[str]:
-    registry = StartedJobRegistry(queue_name, connection=r)
-    held = []
-    for job_id, execution_id in registry.get_job_and_execution_ids(cleanup=False):
-        try:
-            if Execution.fetch(execution_id, job_id, r).worker_name == worker_name:
-                held.append(job_id)
-        except ValueError:  # execution finished between the two reads
-            continue
-    return held
 
 
 def _wait_until_ended(r, job_id: str, worker, log, timeout_s: float = 240) -> None:
@@ -124,7 +110,7 @@ def _kill_mid_job(r, settings, model_dir, job_id: str, tmp_path) -> list[str]:
             done = records.load_view(r, job_id).progress.done
             settled = {chunk_rq_id(job_id, index) for index in records.chunk_summaries(r, job_id)}
             # held and not yet settled (a chunk settled but not yet completed in RQ needs no re-run)
-            held_at_kill = [rq_id for rq_id in _held_by(r, batch, "worker-a") if rq_id not in settled]
+            held_at_kill = [rq_id for rq_id in held_by(r, batch, "worker-a") if rq_id not in settled]
             if done >= 3 and held_at_kill:
                 break
             worker_a.send_signal(signal.SIGCONT)

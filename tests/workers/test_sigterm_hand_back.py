@@ -17,7 +17,8 @@ import orjson
 import pytest
 import redis
 from rq.job import Job
-from worker_helpers import SCORING, drain_until_settled, held_by, make_worker, texts
+from reliability.servers import held_by
+from worker_helpers import SCORING, drain_until_settled, make_worker, texts
 
 from contract import queues
 from contract.payloads import JobItem, JobStatus

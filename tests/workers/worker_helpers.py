@@ -35,18 +35,3 @@ def drain_until_settled(worker: GreedyWorker, job_ids: list[str], timeout_s: flo
 def texts(num_rows: int, prefix: str = "r") -> list[dict]:
     return [{"custom_id": f"{prefix}{i}", "text": f"Customer message {i}: please refund order {i}."}
             for i in range(num_rows)]
-
-
-def held_by(r, queue_name: str, worker_name: str) -> list[str]:
-    """The ids of the jobs of this queue that this worker holds (started registry, by execution)."""
-    from rq.executions import Execution
-    from rq.registry import StartedJobRegistry
-
-    held = []
-    for job_id, execution_id in StartedJobRegistry(queue_name, connection=r).get_job_and_execution_ids(cleanup=False):
-        try:
-            if Execution.fetch(execution_id, job_id, r).worker_name == worker_name:
-                held.append(job_id)
-        except ValueError:  # execution finished between the two reads
-            continue
-    return held
