@@ -111,3 +111,22 @@ def test_a_validated_query_carries_its_template_parsed_once(monkeypatch):
     assert len(calls) == 4  # the round trip validates (and parses) once more; the copy does not
     assert [q.parsed_template for q in copied.scoring.queries] == [option.parsed_template, number.parsed_template]
     assert [q.slot for q in request.scoring.queries] == ["?", "n"] and len(calls) == 4
+
+
+def _placeholders(num: int, per: int = 1, value: str = "v") -> dict:
+    names = [f"p{i}" for i in range(num)]
+    return {"template": "".join(f"{{{name}}} " for name in names) + "?{?}",
+            "values": {name: [f"{value}{j}" for j in range(per)] for name in names}}
+
+
+@pytest.mark.parametrize("at_limit, past_it, message", [
+    (_placeholders(16), _placeholders(17), "at most 16"),  # placeholders of one template
+    (_placeholders(1, value="v" * 4_095), _placeholders(1, value="v" * 4_096), "at most 4096"),  # one value
+    (_placeholders(2, per=64), {"template": "{a} {b}?{?}", "values": {"a": list(map(str, range(64))),
+                                                                      "b": list(map(str, range(65)))}},
+     "4160 combinations, more than 4096"),  # one query's grid
+])
+def test_per_query_limits_admit_their_default_and_refuse_one_more(at_limit, past_it, message):
+    ScoringRequest.model_validate(request(**at_limit))
+    with pytest.raises(ValidationError, match=message):
+        ScoringRequest.model_validate(request(**past_it))
