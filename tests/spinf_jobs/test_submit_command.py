@@ -3,6 +3,7 @@ worker thread + real Redis + tiny engine): the results file equals GET /v1/jobs/
 row; Ctrl-C (SIGINT) on `submit --wait` leaves the job running and says how to pick it up again."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,6 +78,18 @@ def test_ctrl_c_on_submit_wait_leaves_the_job_running(make_settings, slow_engine
         assert hint.encode() in stderr
     view = httpx.get(f"{live.base_url}/v1/jobs/{job_id}", headers=bearer("alice"), timeout=30).json()
     assert view["status"] in ("queued", "running") and view["progress"]["done"] < 20  # not cancelled
+    # the bar was up: rows done of the total, elapsed<ETA, rows/s (tqdm's "3/20 [00:01<00:08, 1.9row/s]")
+    assert re.search(rb"\d+/20 \[\d\d:\d\d<\d\d:\d\d, +[\d.]+row/s\]", stderr), stderr.decode()
+
+    # `jobs cancel` of a second job queued behind the first: it ends cancelled, the first keeps running
+    second = _cli(live, "submit", str(data), "--queries", str(queries))
+    second_id = second.stdout.decode().split()[0]
+    assert second.returncode == 0 and f"spinf-jobs jobs status {second_id}".encode() in second.stderr
+    cancelled = _cli(live, "jobs", "cancel", second_id)
+    assert cancelled.returncode == 0 and orjson.loads(cancelled.stdout)["status"] == "cancelled"
+    assert orjson.loads(_cli(live, "jobs", "status", second_id).stdout)["status"] == "cancelled"
+    missing = _cli(live, "jobs", "cancel", "job-nope")
+    assert missing.returncode == 1 and b"404" in missing.stderr
     deadline = time.monotonic() + 120
     while view["status"] != "succeeded":
         assert time.monotonic() < deadline and view["status"] in ("queued", "running"), view
