@@ -1,0 +1,100 @@
+"""A batch that fails, and batch files kept on S3, through the API on a real Redis and S3 (no worker):
+every body validated strictly into the openai 3.57 wheel's Batch / FileObject."""
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from openai.types import Batch, FileObject
+
+from api.app import create_app
+from contract.batches import BatchCreate
+from jobstore import batches
+from jobstore.s3 import make_client
+
+pytestmark = pytest.mark.redis
+
+SCORING = {"queries": [{"id": "q", "template": "\n\nYes or no?{?}", "options": [" yes", " no"]}]}
+
+
+def _line(custom_id: str, url: str = "/v1/score") -> bytes:
+    return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": url,
+                         "body": {"messages": [{"role": "user", "content": f"hi {custom_id}"}], "scoring": SCORING}})
+
+
+def _upload(client, headers, content: bytes) -> dict:
+    response = client.post("/v1/files", headers=headers, files={"file": ("in.jsonl", content)},
+                           data={"purpose": "batch"})
+    assert response.status_code == 200, response.text
+    return FileObject.model_validate(response.json(), strict=True).model_dump()
+
+
+def _batch(client, headers, batch_id: str) -> Batch:
+    return Batch.model_validate(client.get(f"/v1/batches/{batch_id}", headers=headers).json(), strict=True)
+
+
+def _create(client, headers, file_id: str) -> Batch:
+    response = client.post("/v1/batches", headers=headers,
+                           json={"input_file_id": file_id, "endpoint": "/v1/score", "completion_window": "24h"})
+    assert response.status_code == 200, response.text
+    return Batch.model_validate(response.json(), strict=True)
+
+
+@pytest.fixture
+def client(make_settings):
+    with TestClient(create_app(make_settings(default_model="m"))) as c:
+        yield c
+
+
+def test_a_batch_with_no_line_that_can_run_fails(client, bearer):
+    alice = bearer("alice")
+    lines = [_line(f"r{i}", url="/v1/chat/completions") for i in range(11)] + [b"{broken"]
+    batch = _batch(client, alice, _create(client, alice, _upload(client, alice, b"\n".join(lines))["id"]).id)
+    assert batch.status == "failed" and batch.failed_at is not None and batch.output_file_id is None
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (12, 0, 12)
+    shown = [(error.code, error.line) for error in batch.errors.data]
+    assert shown == [("invalid_url", n) for n in range(1, 11)]  # the first ten
+    errors = [orjson.loads(line) for line in
+              client.get(f"/v1/files/{batch.error_file_id}/content", headers=alice).content.splitlines()]
+    assert [(row["custom_id"], row["error"]["code"]) for row in errors] == (
+        [(f"r{i}", "invalid_url") for i in range(11)] + [(None, "invalid_json")])
+    assert client.get("/v1/jobs", headers=alice).json()["data"] == []  # nothing queued
+
+
+def test_an_input_file_gone_before_validation_fails_the_batch(client, bearer):
+    """The batch was made and its API process died before validating; the file was deleted meanwhile:
+    the next read validates and ends it failed, `file_not_found`, counts 0."""
+    alice = bearer("alice")
+    file_id = _upload(client, alice, _line("a"))["id"]
+    record = batches.create_batch(client.app.state.redis, "alice",
+                                  BatchCreate(input_file_id=file_id, endpoint="/v1/score", completion_window="24h"), 1)
+    assert client.delete(f"/v1/files/{file_id}", headers=alice).status_code == 200
+    client.get(f"/v1/batches/{record.id}", headers=alice)  # starts the validation
+    batch = _batch(client, alice, record.id)
+    assert batch.status == "failed" and [e.code for e in batch.errors.data] == ["file_not_found"]
+    assert batch.errors.data[0].param == "input_file_id"
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (0, 0)
+
+
+@pytest.mark.s3
+def test_a_large_upload_lives_on_s3_and_a_batch_reads_it(make_settings, s3_server, s3_bucket, bearer):
+    settings = make_settings(s3_bucket=s3_bucket, default_model="m", files_s3=f"s3://{s3_bucket}/files/",
+                             file_redis_max_bytes=200)
+    content = b"\n".join(_line(f"r{i}") for i in range(40)) + b"\n"
+    with TestClient(create_app(settings)) as client:
+        alice = bearer("alice")
+        uploaded = _upload(client, alice, content)
+        s3 = make_client(settings)
+        key = f"files/{uploaded['id']}"
+        assert s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read() == content  # on S3, not in Redis
+        assert not client.app.state.redis.exists(f"spinf:file:{uploaded['id']}:bytes")
+        assert client.get(f"/v1/files/{uploaded['id']}/content", headers=alice).content == content
+        small = _upload(client, alice, _line("s"))  # at most file_redis_max_bytes: Redis
+        with pytest.raises(s3.exceptions.ClientError):
+            s3.head_object(Bucket=s3_bucket, Key=f"files/{small['id']}")
+        batch = _batch(client, alice, _create(client, alice, uploaded["id"]).id)
+        assert batch.status == "in_progress" and batch.request_counts.total == 40  # validated from S3
+        job = client.get(f"/v1/jobs/{batch.id.replace('batch_', 'job-')}", headers=alice).json()
+        assert job["progress"]["total"] == 40
+        assert client.delete(f"/v1/files/{uploaded['id']}", headers=alice).status_code == 200
+        with pytest.raises(s3.exceptions.ClientError):
+            s3.head_object(Bucket=s3_bucket, Key=key)
