@@ -98,3 +98,24 @@ def test_a_large_upload_lives_on_s3_and_a_batch_reads_it(make_settings, s3_serve
         assert client.delete(f"/v1/files/{uploaded['id']}", headers=alice).status_code == 200
         with pytest.raises(s3.exceptions.ClientError):
             s3.head_object(Bucket=s3_bucket, Key=key)
+
+
+def test_one_model_per_batch(make_settings, bearer):
+    """The first valid line's model is the batch's; another served model is `model_mismatch`, one not
+    served `model_not_found`, each naming body.model."""
+    with TestClient(create_app(make_settings(default_model="m", models=["m2"]))) as client:
+        alice = bearer("alice")
+        bodies = [{"model": "m2"}, {}, {"model": "m2"}, {"model": "nope"}]
+        lines = [orjson.loads(_line(f"r{i}")) for i in range(4)]
+        content = b"\n".join(orjson.dumps(line | {"body": line["body"] | extra}) for line, extra in zip(lines, bodies))
+        batch = _batch(client, alice, _create(client, alice, _upload(client, alice, content)["id"]).id)
+        assert batch.status == "in_progress" and batch.model == "m2" and batch.request_counts.failed == 2
+        job = client.get(f"/v1/jobs/{batch.id.replace('batch_', 'job-')}", headers=alice).json()
+        assert job["model"] == "m2" and job["progress"]["total"] == 2
+        client.post(f"/v1/batches/{batch.id}/cancel", headers=alice)
+        batch = _batch(client, alice, batch.id)
+        errors = [orjson.loads(line) for line in
+                  client.get(f"/v1/files/{batch.error_file_id}/content", headers=alice).content.splitlines()]
+        refused = [(row["custom_id"], row["error"]["code"], row["error"]["param"]) for row in errors
+                   if row["error"]["code"] != "batch_cancelled"]
+        assert refused == [("r1", "model_mismatch", "body.model"), ("r3", "model_not_found", "body.model")]
