@@ -91,3 +91,19 @@ def test_openais_largest_batch_is_taken_with_the_defaults(make_settings, bearer)
         assert batch["request_counts"] == {"total": OPENAI_MAX_REQUESTS, "completed": 0, "failed": 0}
         job = client.get(f"/v1/jobs/{batch['id'].replace('batch_', 'job-')}", headers=alice).json()
         assert job["progress"]["total"] == OPENAI_MAX_REQUESTS
+
+
+def test_a_full_queue_refuses_a_batch_with_429_and_retry_after(make_settings, bearer):
+    """POST /v1/batches queues rows: past max_queue it is a 429 + Retry-After, before any batch is made;
+    uploads and reads still answer."""
+    with TestClient(create_app(make_settings(default_model="m", max_queue=10, retry_after_s=7))) as client:
+        alice = bearer("alice")
+        file_id = _upload(client, alice, _line(0)).json()["id"]
+        client.app.state.redis.set(queues.QUEUED_ROWS_KEY, 10)
+        refused = _create(client, alice, file_id)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "7"
+        assert "limit 10" in refused.json()["error"]["message"]
+        assert _upload(client, alice, _line(1)).status_code == 200
+        assert client.get("/v1/batches", headers=alice).json()["data"] == []
+        client.app.state.redis.set(queues.QUEUED_ROWS_KEY, 9)
+        assert _create(client, alice, file_id).status_code == 200
