@@ -15,7 +15,7 @@ from client import AsyncClient, Client, SpinfError
 
 
 class Scripted(http.server.ThreadingHTTPServer):
-    """Answers each request with the next (status, headers) of `script`, the last one forever (a header
+    """Answers each request with the next (status, headers[, body]) of `script`, the last one forever (a header
     value may be a function, called as the answer is sent);
     records (arrival time, method, path, body) of every request."""
 
@@ -29,7 +29,7 @@ class Scripted(http.server.ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def answer(self) -> tuple[int, dict]:
+    def answer(self) -> tuple:
         return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
 
@@ -37,15 +37,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         self.server.seen.append((time.monotonic(), self.command, self.path, body))
-        status, headers = self.server.answer()
-        reply = orjson.dumps({"ok": True} if status < 400 else
-                             {"error": {"message": f"status {status}", "param": None, "code": status}})
+        status, headers, *reply = self.server.answer()
+        reply = reply[0] if reply else orjson.dumps(
+            {"ok": True} if status < 400 else {"error": {"message": f"status {status}", "param": None, "code": status}})
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value() if callable(value) else value)
         self.send_header("content-length", str(len(reply)))
         self.end_headers()
         self.wfile.write(reply)
+
+    do_GET = do_POST  # noqa: N815
 
     def log_message(self, *args) -> None:
         pass
@@ -128,3 +130,20 @@ def test_other_errors_are_not_sent_again(scripted):
     with Client(server.url, "sk-x") as spinf, pytest.raises(SpinfError) as raised:
         spinf.decide({"state": "s"})
     assert raised.value.status_code == 422 and len(server.seen) == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_results_are_fetched_again_after_a_503(scripted, mode):
+    rows = [{"custom_id": "a", "response": {}}, {"custom_id": "b", "error": {"message": "x"}}]
+    jsonl = b"".join(orjson.dumps(row) + b"\n" for row in rows)
+    server = scripted([(503, {"retry-after": "0"}), (429, {"retry-after": "0"}), (200, {}, jsonl)])
+    if mode == "sync":
+        with Client(server.url, "sk-x") as spinf:
+            got = list(spinf.results("job-1"))
+    else:
+        async def run() -> list:
+            async with AsyncClient(server.url, "sk-x") as spinf:
+                return [row async for row in spinf.results("job-1")]
+
+        got = asyncio.run(run())
+    assert got == rows and [path for _, _, path, _ in server.seen] == ["/v1/jobs/job-1/results"] * 3
