@@ -61,6 +61,18 @@ def test_submit_wait_writes_the_results_of_the_job(make_settings, service_engine
     refused = _cli(live, "submit", str(data))
     assert refused.returncode == 2 and b"--queries" in refused.stderr
 
+    # --pack alone: every row asked the pack's questions; its file row for row what the service returns
+    packed_out = tmp_path / "packed.jsonl"
+    packed = _cli(live, "submit", str(data), "--pack", "spinf/support-triage", "--wait", "--output", str(packed_out))
+    assert packed.returncode == 0, packed.stderr.decode()
+    packed_id = packed.stdout.decode().split()[0]
+    served = httpx.get(f"{live.base_url}/v1/jobs/{packed_id}/results", headers=bearer("alice"), timeout=60)
+    rows = [orjson.loads(line) for line in packed_out.read_bytes().splitlines()]
+    assert rows == [orjson.loads(line) for line in served.content.splitlines() if line]
+    assert all(row["response"]["packs"][0]["pack"] == "spinf/support-triage" for row in rows if "response" in row)
+    unknown = _cli(live, "submit", str(data), "--pack", "spinf/nope")
+    assert unknown.returncode == 1 and b"packs[0].id" in unknown.stderr, unknown.stderr
+
 
 def test_ctrl_c_on_submit_wait_leaves_the_job_running(make_settings, slow_engine, live_service, tmp_path, bearer):
     live = live_service(make_settings(default_model="tiny-llama", chunk_num_rows=2), slow_engine(0.5))
