@@ -112,6 +112,7 @@ def test_one_model_per_batch(make_settings, bearer):
         assert batch.status == "in_progress" and batch.model == "m2" and batch.request_counts.failed == 2
         job = client.get(f"/v1/jobs/{batch.id.replace('batch_', 'job-')}", headers=alice).json()
         assert job["model"] == "m2" and job["progress"]["total"] == 2
+        assert [j["id"] for j in client.get("/v1/jobs", headers=alice).json()["data"]] == [job["id"]]  # listed
         client.post(f"/v1/batches/{batch.id}/cancel", headers=alice)
         batch = _batch(client, alice, batch.id)
         errors = [orjson.loads(line) for line in
