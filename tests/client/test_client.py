@@ -14,6 +14,8 @@ from contract.payloads import JobStatus
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 SCORING = {"queries": [{"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]}]}
+DECISION = {"state": "I was charged twice for September.", "question": "Which team should handle this?",
+            "options": [{"id": "billing", "description": "Billing"}, {"id": "tech", "description": "Technical"}]}
 ROWS = [{"custom_id": f"r{i}", "text": f"Customer {i}: please refund order {i}."} for i in range(5)]
 
 
@@ -37,6 +39,9 @@ def test_sync_client(live, bearer, tmp_path, monkeypatch):
         scored = spinf.score(request)
         direct = httpx.post(f"{live.base_url}/v1/score", json=request, headers=bearer("alice"), timeout=60).json()
         assert scored.model_dump(mode="json", exclude_none=True)["results"] == direct["results"]
+        decided = spinf.decide(DECISION)
+        alone = httpx.post(f"{live.base_url}/v1/decide", json=DECISION, headers=bearer("alice"), timeout=60).json()
+        assert decided["option_ids"] == ["billing", "tech"] and decided["probabilities"] == alone["probabilities"]
         job = spinf.submit_file(rows_file, SCORING)
         seen = []
         done = spinf.wait(job.id, progress=seen.append, poll_s=0.05)
@@ -64,9 +69,11 @@ def test_async_client(live, bearer):
             rows = [row async for row in spinf.results(job.id)]
             listed = [view.id async for view in spinf.jobs(page_size=2)]
             scored = await spinf.score({"messages": [{"role": "user", "content": "hi"}], "scoring": SCORING})
-            return job, done, rows, listed, scored
+            decided = await spinf.decide(DECISION)
+            return job, done, rows, listed, scored, decided
 
-    job, done, rows, listed, scored = asyncio.run(run())
+    job, done, rows, listed, scored, decided = asyncio.run(run())
+    assert decided["option_ids"] == ["billing", "tech"] and len(decided["probabilities"]) == 2
     assert done.status is JobStatus.SUCCEEDED and listed == [job.id]
     assert rows == _results(live, bearer, job.id) and [row["custom_id"] for row in rows] == [r["custom_id"] for r in ROWS]
     assert scored.results[0].id == "refund"
