@@ -2,6 +2,7 @@
 OpenAI's 50,000 requests and 200 MiB by default; past a limit, a 4xx that names it, before anything is
 stored or queued."""
 
+import httpx
 import orjson
 import pytest
 from fastapi.testclient import TestClient
@@ -55,6 +56,16 @@ def test_an_upload_past_max_file_bytes_is_a_413_naming_the_limit(make_settings, 
             error = refused.json()["error"]
             assert f"the limit is {limit} bytes" in error["message"] and "SPINF_MAX_FILE_BYTES" in error["message"]
             assert error["param"] == "file"
+        # no Content-Length (chunked): counted as it arrives, the same 413
+        framed = httpx.Request("POST", "http://x/v1/files", files={"file": ("in.jsonl", b"x" * (limit * 20))},
+                               data={"purpose": "batch"})
+        body = framed.read()
+        streamed = client.post("/v1/files", content=(body[i:i + 1024] for i in range(0, len(body), 1024)),
+                               headers=alice | {"content-type": framed.headers["content-type"]})
+        assert streamed.status_code == 413, streamed.text
+        assert "larger than" in streamed.json()["error"]["message"]  # counted, not read from a header
+        assert "SPINF_MAX_FILE_BYTES" in streamed.json()["error"]["message"]
+        assert streamed.json()["error"]["param"] == "file"
         assert _stored_files(client) == 1  # only the file at the limit
 
 
