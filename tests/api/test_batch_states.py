@@ -58,6 +58,10 @@ def test_a_batch_with_no_line_that_can_run_fails(client, bearer):
     assert [(row["custom_id"], row["error"]["code"]) for row in errors] == (
         [(f"r{i}", "invalid_url") for i in range(11)] + [(None, "invalid_json")])
     assert client.get("/v1/jobs", headers=alice).json()["data"] == []  # nothing queued
+    on_output = client.post("/v1/batches", headers=alice, json={"input_file_id": batch.error_file_id,
+                                                                "endpoint": "/v1/score", "completion_window": "24h"})
+    assert on_output.status_code == 422 and on_output.json()["error"]["param"] == "input_file_id"
+    assert "'batch_output'" in on_output.json()["error"]["message"]  # an output file is not batch input
 
 
 def test_an_input_file_gone_before_validation_fails_the_batch(client, bearer):
