@@ -32,9 +32,9 @@ def _batch(client, headers, batch_id: str) -> Batch:
     return Batch.model_validate(client.get(f"/v1/batches/{batch_id}", headers=headers).json(), strict=True)
 
 
-def _create(client, headers, file_id: str) -> Batch:
-    response = client.post("/v1/batches", headers=headers,
-                           json={"input_file_id": file_id, "endpoint": "/v1/score", "completion_window": "24h"})
+def _create(client, headers, file_id: str, **extra) -> Batch:
+    response = client.post("/v1/batches", headers=headers, json={
+        "input_file_id": file_id, "endpoint": "/v1/score", "completion_window": "24h", **extra})
     assert response.status_code == 200, response.text
     return Batch.model_validate(response.json(), strict=True)
 
@@ -48,11 +48,16 @@ def client(make_settings):
 def test_a_batch_with_no_line_that_can_run_fails(client, bearer):
     alice = bearer("alice")
     lines = [_line(f"r{i}", url="/v1/chat/completions") for i in range(11)] + [b"{broken"]
-    batch = _batch(client, alice, _create(client, alice, _upload(client, alice, b"\n".join(lines))["id"]).id)
+    file_id = _upload(client, alice, b"\n".join(lines))["id"]
+    expiry = {"anchor": "created_at", "seconds": 7200}
+    batch = _batch(client, alice, _create(client, alice, file_id, output_expires_after=expiry).id)
     assert batch.status == "failed" and batch.failed_at is not None and batch.output_file_id is None
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (12, 0, 12)
     shown = [(error.code, error.line) for error in batch.errors.data]
     assert shown == [("invalid_url", n) for n in range(1, 11)]  # the first ten
+    error_file = FileObject.model_validate(client.get(f"/v1/files/{batch.error_file_id}", headers=alice).json(),
+                                           strict=True)
+    assert error_file.purpose == "batch_output" and error_file.expires_at - error_file.created_at in (7199, 7200)
     errors = [orjson.loads(line) for line in
               client.get(f"/v1/files/{batch.error_file_id}/content", headers=alice).content.splitlines()]
     assert [(row["custom_id"], row["error"]["code"]) for row in errors] == (
