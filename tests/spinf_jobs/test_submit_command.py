@@ -81,7 +81,12 @@ def test_ctrl_c_on_submit_wait_leaves_the_job_running(make_settings, slow_engine
     proc = subprocess.Popen(command, cwd=tmp_path, env=_env(live), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     job_id = proc.stdout.readline().decode().strip()
     assert job_id.startswith("job-"), proc.stderr.read()
-    time.sleep(1.5)  # following: the bar is up
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{live.base_url}/v1/jobs/{job_id}", headers=bearer("alice"), timeout=30).json()[
+            "progress"]["done"] == 0:  # following: the bar is up; once rows are done it shows a rate
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.75)  # three of the bar's polls
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr.decode()
