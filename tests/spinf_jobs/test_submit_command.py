@@ -58,6 +58,13 @@ def test_submit_wait_writes_the_results_of_the_job(make_settings, service_engine
     assert [orjson.loads(line) for line in printed.splitlines()] == expected
     listed = _cli(live, "jobs", "list").stdout.decode().splitlines()
     assert listed[0].split()[:3] == [job_id, "succeeded", "11/11"]
+    # no SPINF_API_KEY: the key `spinf-jobs serve` wrote to SPINF_DATA_DIR/api-key
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "api-key").write_text("sk-test-alice\n")
+    env = {k: v for k, v in _env(live).items() if k != "SPINF_API_KEY"} | {"SPINF_DATA_DIR": str(tmp_path / "data")}
+    by_file = subprocess.run([sys.executable, "-m", "spinf_jobs.cli", "jobs", "list", "--limit", "1"], cwd=REPO,
+                             env=env, capture_output=True, timeout=120, check=False)
+    assert by_file.stdout.decode().split()[:2] == [job_id, "succeeded"], by_file.stderr.decode()
     refused = _cli(live, "submit", str(data))
     assert refused.returncode == 2 and b"--queries" in refused.stderr
 
