@@ -65,6 +65,10 @@ def test_submit_wait_writes_the_results_of_the_job(make_settings, service_engine
     by_file = subprocess.run([sys.executable, "-m", "spinf_jobs.cli", "jobs", "list", "--limit", "1"], cwd=REPO,
                              env=env, capture_output=True, timeout=120, check=False)
     assert by_file.stdout.decode().split()[:2] == [job_id, "succeeded"], by_file.stderr.decode()
+    env["SPINF_API_KEY"] = "sk-wrong"
+    refused = subprocess.run([sys.executable, "-m", "spinf_jobs.cli", "jobs", "list"], cwd=REPO, env=env,
+                             capture_output=True, timeout=120, check=False)
+    assert refused.returncode == 1 and refused.stderr.decode().startswith("401"), refused.stderr.decode()
     refused = _cli(live, "submit", str(data))
     assert refused.returncode == 2 and b"--queries" in refused.stderr
 
