@@ -14,9 +14,8 @@ from __future__ import annotations
 import time
 
 import orjson
-from starlette.exceptions import HTTPException
 
-from api.errors import REDIS_UNAVAILABLE, error_body, unavailable_reply
+from api.errors import REDIS_UNAVAILABLE, ApiError, error_body, unavailable_reply
 from contract import queues
 
 ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/jobs", "/v1/batches")
@@ -48,7 +47,7 @@ class AdmissionMiddleware:
                 refusal = await self._refusal(scope) if scope["method"] == "POST" else None
             except REDIS_UNAVAILABLE:
                 status_code, body, headers = unavailable_reply(self.settings.redis_retry_after_s)
-                refusal = status_code, body["error"]["message"], headers
+                refusal = status_code, body["error"]["message"], None, headers
             if refusal is not None:
                 await _send_json(send_status, *refusal)
             else:
@@ -62,18 +61,25 @@ class AdmissionMiddleware:
         length = dict(scope["headers"]).get(b"content-length")
         limit = self._body_limit(scope)
         if length is not None and length.isdigit() and int(length) > limit:
-            return 413, f"the body is {int(length)} bytes; the limit is {limit}", {}
+            return 413, *self._too_large(scope, f"the body is {int(length)} bytes"), {}
         if scope["path"] in ADMITTED_PATHS:
             num_queued = int(await self.aredis.get(queues.QUEUED_ROWS_KEY) or 0)
             if num_queued >= self.settings.max_queue:
                 message = f"{num_queued} rows are queued (limit {self.settings.max_queue}); retry later"
-                return 429, message, {"retry-after": str(self.settings.retry_after_s)}
+                return 429, message, None, {"retry-after": str(self.settings.retry_after_s)}
         return None
 
     def _body_limit(self, scope) -> int:
         if scope["path"] == UPLOAD_PATH:
             return self.settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES
         return self.settings.max_body_bytes
+
+    def _too_large(self, scope, what: str) -> tuple[str, str | None]:
+        """(message, param) of a 413: an upload names the file limit (the body may add the multipart framing)."""
+        if scope["path"] == UPLOAD_PATH:
+            return (f"file: {what}; the limit is {self.settings.max_file_bytes} bytes (SPINF_MAX_FILE_BYTES)"
+                    f" plus {MULTIPART_OVERHEAD_BYTES} bytes of multipart framing", "file")
+        return f"{what}; the limit is {self.settings.max_body_bytes} bytes (SPINF_MAX_BODY_BYTES)", None
 
     def _limited(self, scope, receive):
         limit = self._body_limit(scope)
@@ -84,14 +90,15 @@ class AdmissionMiddleware:
             if message["type"] == "http.request":
                 remaining["bytes"] -= len(message.get("body", b""))
                 if remaining["bytes"] < 0:
-                    raise HTTPException(413, f"the body is larger than {limit} bytes")
+                    message, param = self._too_large(scope, f"the body is larger than {limit} bytes")
+                    raise ApiError(413, message, param=param)
             return message
 
         return receive_limited
 
 
-async def _send_json(send, status: int, message: str, headers: dict) -> None:
-    body = orjson.dumps(error_body(status, message))
+async def _send_json(send, status: int, message: str, param: str | None, headers: dict) -> None:
+    body = orjson.dumps(error_body(status, message, param))
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})

@@ -91,13 +91,20 @@ class AsyncClient:
             await asyncio.sleep(poll_s)
 
     async def results(self, job_id: str) -> AsyncIterator[dict]:
-        async with self.http.stream("GET", f"/v1/jobs/{job_id}/results") as response:
-            if response.status_code >= 400:
+        attempt = 0
+        while True:
+            async with self.http.stream("GET", f"/v1/jobs/{job_id}/results") as response:
+                if response.status_code < 400:
+                    async for line in response.aiter_lines():
+                        if line.strip():
+                            yield orjson.loads(line)
+                    return
                 await response.aread()
-                checked(response)
-            async for line in response.aiter_lines():
-                if line.strip():
-                    yield orjson.loads(line)
+                delay = retry_delay(response, attempt, self.config.max_retries)
+                if delay is None:
+                    checked(response)
+            await asyncio.sleep(delay)
+            attempt += 1
 
     async def cancel(self, job_id: str) -> JobView:
         return JobView.model_validate((await self.request("POST", f"/v1/jobs/{job_id}/cancel")).json())

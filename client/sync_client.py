@@ -99,14 +99,22 @@ class Client:
             time.sleep(poll_s)
 
     def results(self, job_id: str) -> Iterator[dict]:
-        """The ended job's rows in input order: {custom_id, response} or {custom_id, error}."""
-        with self.http.stream("GET", f"/v1/jobs/{job_id}/results") as response:
-            if response.status_code >= 400:
+        """The ended job's rows in input order: {custom_id, response} or {custom_id, error}; a 429/503
+        before the first row is sent again after its Retry-After, as every call."""
+        attempt = 0
+        while True:
+            with self.http.stream("GET", f"/v1/jobs/{job_id}/results") as response:
+                if response.status_code < 400:
+                    for line in response.iter_lines():
+                        if line.strip():
+                            yield orjson.loads(line)
+                    return
                 response.read()
-                checked(response)
-            for line in response.iter_lines():
-                if line.strip():
-                    yield orjson.loads(line)
+                delay = retry_delay(response, attempt, self.config.max_retries)
+                if delay is None:
+                    checked(response)
+            time.sleep(delay)
+            attempt += 1
 
     def cancel(self, job_id: str) -> JobView:
         return JobView.model_validate(self.request("POST", f"/v1/jobs/{job_id}/cancel").json())

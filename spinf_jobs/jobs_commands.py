@@ -162,9 +162,13 @@ def _results(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     with _client(args) as spinf:
-        for index, view in enumerate(spinf.jobs(page_size=min(args.limit, 100))):
-            if index >= args.limit:
-                break
-            progress = view.progress
-            print(f"{view.id}  {view.status.value:<9}  {progress.done}/{progress.total}  {view.model}")
+        try:
+            for index, view in enumerate(spinf.jobs(page_size=min(args.limit, 100))):
+                if index >= args.limit:
+                    break
+                progress = view.progress
+                print(f"{view.id}  {view.status.value:<9}  {progress.done}/{progress.total}  {view.model}")
+        except SpinfError as error:
+            print(error, file=sys.stderr)
+            return 1
     return 0

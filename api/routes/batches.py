@@ -41,7 +41,8 @@ def create_batch(body: BatchCreate, key: KeyDep, request: Request, background: B
                        " purpose 'batch'", param="input_file_id")
     limit = steps.settings.max_batch_lines
     if not 0 < stored.num_lines <= limit:
-        raise ApiError(422, f"input_file_id: the file has {stored.num_lines} requests; a batch takes 1 to {limit}",
+        raise ApiError(422, f"input_file_id: the file has {stored.num_lines} requests; a batch takes 1 to {limit}"
+                       " (SPINF_MAX_BATCH_LINES)",
                        param="input_file_id")
     record = batches.create_batch(steps.r, key.name, body, stored.num_lines)
     advance(steps, record, background)

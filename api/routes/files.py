@@ -46,7 +46,8 @@ async def upload_file(
         raise ApiError(422, f"purpose: {purpose!r}: this service reads files as batch input only;"
                        f" give one of {list(UPLOAD_PURPOSES)}", param="purpose")
     if file.size is not None and file.size > settings.max_file_bytes:
-        raise ApiError(413, f"file: {file.size} bytes; the limit is {settings.max_file_bytes}", param="file")
+        raise ApiError(413, f"file: {file.size} bytes; the limit is {settings.max_file_bytes} bytes"
+                       " (SPINF_MAX_FILE_BYTES)", param="file")
     expires_at = _expires_at(await request.form())
     stored = await asyncio.to_thread(files.store_file, state.redis, state.s3, settings, key.name,
                                      file.filename or "upload.jsonl", purpose, file.file, expires_at)

@@ -15,7 +15,7 @@ import httpx
 import openai
 import orjson
 import pytest
-from openai.types import Batch, FileObject
+from openai.types import Batch, FileDeleted, FileObject
 from openai.types.chat import ChatCompletion
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -182,6 +182,12 @@ def test_list_pages_over_every_batch(live):
     expiring = alice.files.create(file=("e.jsonl", io.BytesIO(b"{}\n")), purpose="batch",
                                   expires_after={"anchor": "created_at", "seconds": 7200})
     assert expiring.expires_at - expiring.created_at in (7199, 7200, 7201)  # the SDK's form encoding is read
+    paged = [f.id for f in alice.files.list(purpose="batch", limit=1)]  # the SDK's pager over files too
+    assert paged == [expiring.id, file_id]
+    deleted = FileDeleted.model_validate(alice.files.with_raw_response.delete(expiring.id).http_response.json(),
+                                         strict=True)
+    assert deleted.deleted and deleted.id == expiring.id
+    assert [f.id for f in alice.files.list(purpose="batch", limit=1)] == [file_id]
 
 
 def test_cancel_mid_batch_keeps_the_finished_rows(make_settings, slow_engine, live_service):

@@ -85,6 +85,9 @@ def test_get_jobs_lists_the_callers_jobs_paged(client, bearer):
     client.app.state.redis.delete(queues.job_key(made[0]))  # expired
     assert [j["id"] for j in client.get("/v1/jobs", headers=alice).json()["data"]] == made[:0:-1]
     assert client.get("/v1/jobs?after=job-nope", headers=alice).json()["error"]["param"] == "after"
+    too_many = client.get("/v1/jobs?limit=51", headers=alice)  # max_list_limit=50
+    assert too_many.status_code == 422 and too_many.json()["error"]["param"] == "limit"
+    assert len(client.get("/v1/jobs?limit=50", headers=alice).json()["data"]) == 4
     assert len(client.get("/v1/jobs", headers=bearer("bob")).json()["data"]) == 1
 
 

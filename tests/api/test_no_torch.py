@@ -15,3 +15,11 @@ def test_api_and_spinf_jobs_do_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_the_client_and_the_jobs_commands_load_neither_torch_nor_the_service():
+    code = ("import sys; import client, client.async_client, spinf_jobs.jobs_commands, spinf_jobs.cli;"
+            " print(sorted(m for m in ('torch', 'fastapi', 'redis', 'rq', 'boto3') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -1,5 +1,5 @@
 """The client library against a live service (uvicorn + worker thread + real Redis + tiny engine):
-sync and async calls, a 429 sent again after its Retry-After."""
+sync and async calls (an S3 dataset, a local file, a cancel), a 429 sent again after its Retry-After."""
 
 import asyncio
 import time
@@ -14,6 +14,8 @@ from contract.payloads import JobStatus
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 SCORING = {"queries": [{"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]}]}
+DECISION = {"state": "I was charged twice for September.", "question": "Which team should handle this?",
+            "options": [{"id": "billing", "description": "Billing"}, {"id": "tech", "description": "Technical"}]}
 ROWS = [{"custom_id": f"r{i}", "text": f"Customer {i}: please refund order {i}."} for i in range(5)]
 
 
@@ -37,6 +39,9 @@ def test_sync_client(live, bearer, tmp_path, monkeypatch):
         scored = spinf.score(request)
         direct = httpx.post(f"{live.base_url}/v1/score", json=request, headers=bearer("alice"), timeout=60).json()
         assert scored.model_dump(mode="json", exclude_none=True)["results"] == direct["results"]
+        decided = spinf.decide(DECISION)
+        alone = httpx.post(f"{live.base_url}/v1/decide", json=DECISION, headers=bearer("alice"), timeout=60).json()
+        assert decided["option_ids"] == ["billing", "tech"] and decided["probabilities"] == alone["probabilities"]
         job = spinf.submit_file(rows_file, SCORING)
         seen = []
         done = spinf.wait(job.id, progress=seen.append, poll_s=0.05)
@@ -64,9 +69,11 @@ def test_async_client(live, bearer):
             rows = [row async for row in spinf.results(job.id)]
             listed = [view.id async for view in spinf.jobs(page_size=2)]
             scored = await spinf.score({"messages": [{"role": "user", "content": "hi"}], "scoring": SCORING})
-            return job, done, rows, listed, scored
+            decided = await spinf.decide(DECISION)
+            return job, done, rows, listed, scored, decided
 
-    job, done, rows, listed, scored = asyncio.run(run())
+    job, done, rows, listed, scored, decided = asyncio.run(run())
+    assert decided["option_ids"] == ["billing", "tech"] and len(decided["probabilities"]) == 2
     assert done.status is JobStatus.SUCCEEDED and listed == [job.id]
     assert rows == _results(live, bearer, job.id) and [row["custom_id"] for row in rows] == [r["custom_id"] for r in ROWS]
     assert scored.results[0].id == "refund"
@@ -103,3 +110,43 @@ def test_progress_moves_row_by_row_within_a_chunk(make_settings, slow_engine, se
     between = sorted({n for n, total in seen if total == 21 and 0 < n < 21})
     assert len(between) >= 2, seen  # at least two counts between none and all
     assert [n for n, _ in seen] == sorted(n for n, _ in seen)  # never backwards
+
+
+@pytest.mark.s3
+def test_async_dataset_file_and_cancel(make_settings, s3_server, s3_bucket, slow_engine, live_service, bearer,
+                                       tmp_path):
+    """An S3 dataset, a local file and a cancel through AsyncClient; the dataset's rows are its S3 results."""
+    settings = make_settings(s3_bucket=s3_bucket, default_model="tiny-llama", chunk_num_rows=2)
+    live = live_service(settings, slow_engine(0.2))
+    s3 = s3_server.client()
+    s3.put_object(Bucket=s3_bucket, Key="in/rows.jsonl", Body=b"\n".join(orjson.dumps(row) for row in ROWS[:3]))
+    rows_file = tmp_path / "rows.jsonl"
+    rows_file.write_bytes(b"\n".join(orjson.dumps({"custom_id": f"f{i}", "text": f"Order {i}, refund it."})
+                                     for i in range(20)))  # 10 chunks of 2 rows, 0.2 s a pass
+    rows_file_bad = tmp_path / "bad.jsonl"
+    rows_file_bad.write_bytes(orjson.dumps(ROWS[0]) + b"\n{broken\n")
+
+    async def run() -> tuple:
+        async with AsyncClient(live.base_url, "sk-test-alice") as spinf:
+            dataset = await spinf.submit_dataset(f"s3://{s3_bucket}/in/", f"s3://{s3_bucket}/out/", SCORING)
+            dataset_done = await spinf.wait(dataset.id, poll_s=0.1, timeout_s=120)
+            dataset_rows = [row async for row in spinf.results(dataset.id)]
+            long_job = await spinf.submit_file(rows_file, SCORING)
+            cancelled = await spinf.cancel(long_job.id)
+            ended = await spinf.wait(long_job.id, poll_s=0.1, timeout_s=120)
+            with pytest.raises(ValueError, match="bad.jsonl:2"):  # named before anything is sent
+                await spinf.submit_file(rows_file_bad, SCORING)
+            listed = [view.id async for view in spinf.jobs(page_size=1)]
+            return dataset, dataset_done, dataset_rows, long_job, cancelled, ended, listed
+
+    dataset, dataset_done, dataset_rows, long_job, cancelled, ended, listed = asyncio.run(run())
+    assert dataset_done.status is JobStatus.SUCCEEDED and dataset_done.progress.total == 3
+    assert [row["custom_id"] for row in dataset_rows] == ["r0", "r1", "r2"]
+    assert dataset_rows == _results(live, bearer, dataset.id)
+    written = s3.list_objects_v2(Bucket=s3_bucket, Prefix="out/results/").get("Contents", [])
+    in_s3 = [orjson.loads(line) for item in written
+             for line in s3.get_object(Bucket=s3_bucket, Key=item["Key"])["Body"].read().splitlines() if line]
+    assert [row["custom_id"] for row in in_s3] == ["r0", "r1", "r2"]
+    assert cancelled.status is JobStatus.CANCELLED and ended.status is JobStatus.CANCELLED
+    assert ended.progress.done < ended.progress.total == 20
+    assert listed == [long_job.id, dataset.id]  # the refused file made no job

@@ -1,6 +1,8 @@
 """Our Files and Batch wire models against the openai 3.57 wheel's own, field for field:
 the same names, the same required fields, the same literal values."""
 
+import enum
+import types
 import typing
 
 import pytest
@@ -54,6 +56,30 @@ def test_same_fields_as_the_wheel(ours, theirs):
             assert ours.model_fields[name].annotation is not None and name in ours.model_fields
 
 
+def _shape(annotation, ours_of: dict) -> object:
+    """A comparable form of a field's type: unions as sets, Literals and str enums as their values,
+    the wheel's models as ours (through PAIRS), containers with their item types."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return ("literal", frozenset(args))
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return ("literal", frozenset(member.value for member in annotation))
+    if origin in (typing.Union, types.UnionType):
+        return frozenset(_shape(arg, ours_of) for arg in args)
+    if origin in (list, dict):
+        return (origin, *(_shape(arg, ours_of) for arg in args))
+    return ours_of.get(annotation, annotation)
+
+
+@pytest.mark.parametrize(("ours", "theirs"), PAIRS, ids=[p[0].__name__ for p in PAIRS])
+def test_same_field_types_as_the_wheel(ours, theirs):
+    ours_of = {their_model: our_model for our_model, their_model in PAIRS}
+    for name, field in theirs.model_fields.items():
+        assert _shape(ours.model_fields[name].annotation, {}) == _shape(field.annotation, ours_of), name
+        if not field.is_required():  # what the SDK lets be absent, we never require
+            assert not ours.model_fields[name].is_required(), name
+
+
 def test_the_wheel_validates_what_we_send():
     sent = batches.Batch(id="batch_x", completion_window="24h", created_at=1, endpoint="/v1/score",
                          input_file_id="file-x", status=batches.BatchStatus.IN_PROGRESS,
@@ -70,7 +96,13 @@ def test_request_params_are_the_wheels():
     assert set(batches.BatchCreate.model_fields) == set(create)
     required = {name for name, hint in create.items() if typing.get_origin(hint) is typing.Required}
     assert required == {n for n, f in batches.BatchCreate.model_fields.items() if f.is_required()}
-    assert set(typing.get_type_hints(file_create_params.ExpiresAfter)) == set(files.ExpiresAfter.model_fields)
+    for params in (file_create_params.ExpiresAfter, batch_create_params.OutputExpiresAfter):
+        hints = typing.get_type_hints(params, include_extras=True)
+        assert set(hints) == set(files.ExpiresAfter.model_fields)
+        assert _literals(hints["anchor"]) == _literals(files.ExpiresAfter.model_fields["anchor"].annotation)
+    assert batches.BatchCreate.model_fields["output_expires_after"].annotation == files.ExpiresAfter | None
+    assert _literals(create["completion_window"]) == _literals(
+        batches.BatchCreate.model_fields["completion_window"].annotation)
 
 
 def test_list_routes_take_the_wheels_query_params():
