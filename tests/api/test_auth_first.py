@@ -88,3 +88,13 @@ def test_without_a_scrape_token_any_key_reads_metrics_and_no_tenant_detail(make_
         for secret in ("bob", "alice", job_id, "bob-row-1", "private"):
             assert secret not in reply.text, secret
         assert client.get("/metrics").status_code == 401
+
+
+def test_a_scrape_token_digest_that_is_not_64_hex_characters_is_refused():
+    from pydantic import ValidationError
+
+    from contract.settings import Settings
+
+    for bad in ("abc", "z" * 64, hash_api_key(SCRAPE_TOKEN) + "0"):
+        with pytest.raises(ValidationError, match="metrics_token_sha256"):
+            Settings(metrics_token_sha256=bad)
