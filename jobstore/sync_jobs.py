@@ -62,7 +62,7 @@ def submit_sync(
                 pipe.multi()
                 if existing is not None:  # its job ended and the key outlived it
                     pipe.delete(attach_key)
-                pipe.set(attach_key, job_id, nx=True, ex=settings.sync_result_ttl_s)
+                pipe.set(attach_key, job_id, nx=True, ex=max(1, settings.sync_result_ttl_s))
                 records.create_job(r, job_id, fields, pipe)
                 enqueue_chunks(r, settings, [payload], queue_name, pipe, is_reserved=True)
                 pipe.execute()
