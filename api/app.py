@@ -1,7 +1,8 @@
 """The HTTP service: `create_app(settings)` wires routes, auth, admission control and metrics.
 
-    client --HTTP--> AdmissionMiddleware (413/429) --> route (auth: bearer key)
-        --> jobstore.submit (Redis + RQ) ... workers score ... --> job record / results
+    client --HTTP--> AdmissionMiddleware (401 before any body is read, 413, 429) --> route (its key,
+        as a dependency) --> jobstore.submit (Redis + RQ; rows reserved under max_queue, 429) ...
+        ... workers score ... --> job record / results
     prompt packs: loaded once here (official packs/ + settings.pack_dirs) to list them and
     to refuse an unknown pack at submit time; the workers' engines apply them
 
@@ -41,6 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app, settings)  # every status, the bearer scheme, text bodies, limits
     app.add_middleware(
-        AdmissionMiddleware, settings=settings, aredis=app.state.aredis, latency=app.state.metrics.http_latency
+        AdmissionMiddleware, settings=settings, aredis=app.state.aredis, latency=app.state.metrics.http_latency,
+        keys_by_hash=app.state.keys_by_hash,
     )
     return app

@@ -6,6 +6,8 @@
         decision's queries past a limit) -> the same 422
     HTTPException (400/401/403/404/409/413/429/504)  -> same shape, headers kept (Retry-After)
     redis ConnectionError / TimeoutError (after the client's retries) -> 503 + Retry-After
+    jobstore QueueFull (the submit's atomic row reservation) -> 429 + Retry-After; 413 for a
+        request of more rows than max_queue (it could never be admitted)
 Messages are made printable UTF-8 (a lone surrogate is shown as its escape), so an error
 reply can always be written.
 """
@@ -21,6 +23,8 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
+
+from jobstore.submit import QueueFull
 
 _FIELD_PREFIX_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
@@ -85,6 +89,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unavailable(request: Request, error: Exception) -> JSONResponse:
         status, body, headers = unavailable_reply(request.app.state.settings.redis_retry_after_s)
         return JSONResponse(status_code=status, content=body, headers=headers)
+
+    @app.exception_handler(QueueFull)
+    async def _queue_full(request: Request, error: QueueFull) -> JSONResponse:
+        if error.num_rows > error.max_queue:
+            message = f"items: {error.num_rows} rows; at most max_queue={error.max_queue} can be queued at once"
+            return JSONResponse(status_code=413, content=error_body(413, message, "items"))
+        retry_after = str(request.app.state.settings.retry_after_s)
+        message = f"{error.num_queued} rows are queued (limit {error.max_queue}); retry later"
+        return JSONResponse(status_code=429, content=error_body(429, message), headers={"retry-after": retry_after})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:

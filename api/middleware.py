@@ -1,10 +1,16 @@
-"""Admission control before any body is read: 413 for large bodies, 429 past `max_queue`.
+"""Auth and admission control before any body is read: 401, then 413 for large bodies, 429 past `max_queue`.
 
-    POST /v1/score | /v1/chat/completions | /v1/jobs | /v1/batches
+    /v1/*                                                -> 401 without a valid API key
+    /metrics                                             -> 401/403 without the scrape token
+                                                            (any API key when none is set)
+    POST /v1/score | /v1/chat/completions | /v1/decide | /v1/decide/shared | /v1/jobs | /v1/batches
       Content-Length > max_body_bytes                -> 413 (a body streamed without a length
                                                         is counted and cut at the limit;
                                                         POST /v1/files: max_file_bytes)
-      queued rows (Redis gauge) >= max_queue          -> 429 + Retry-After
+      queued rows (Redis gauge) >= max_queue          -> 429 + Retry-After (a fast refusal; the
+                                                        submit's own reservation, one Lua step
+                                                        in jobstore.submit.reserve_rows, is
+                                                        what keeps the gauge within the limit)
       Redis unreachable (after the client's retries)   -> 503 + Retry-After
     every request: latency observed into the app's Prometheus histogram
 """
@@ -15,20 +21,23 @@ import time
 
 import orjson
 
+from api.deps import authenticate, authenticate_scraper
 from api.errors import REDIS_UNAVAILABLE, ApiError, error_body, unavailable_reply
 from contract import queues
 
-ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/jobs", "/v1/batches")
+ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/decide", "/v1/decide/shared", "/v1/jobs", "/v1/batches")
 UPLOAD_PATH = "/v1/files"  # bodies up to max_file_bytes (plus the multipart framing), not max_body_bytes
+METRICS_PATH = "/metrics"
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 
 class AdmissionMiddleware:
-    def __init__(self, app, settings, aredis, latency) -> None:
+    def __init__(self, app, settings, aredis, latency, keys_by_hash) -> None:
         self.app = app
         self.settings = settings
         self.aredis = aredis
         self.latency = latency  # Histogram(route, method, status)
+        self.keys_by_hash = keys_by_hash  # sha256 hex -> ApiKey
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -44,7 +53,7 @@ class AdmissionMiddleware:
 
         try:
             try:
-                refusal = await self._refusal(scope) if scope["method"] == "POST" else None
+                refusal = self._unauthenticated(scope) or await self._refusal(scope)
             except REDIS_UNAVAILABLE:
                 status_code, body, headers = unavailable_reply(self.settings.redis_retry_after_s)
                 refusal = status_code, body["error"]["message"], None, headers
@@ -57,7 +66,24 @@ class AdmissionMiddleware:
             label = getattr(route, "path", "unmatched")
             self.latency.labels(label, scope["method"], str(status["code"])).observe(time.perf_counter() - started)
 
+    def _unauthenticated(self, scope) -> tuple | None:
+        """401 (or /metrics' 403) from the headers alone: a caller without a key never has its body read."""
+        path = scope["path"]
+        if not (path.startswith("/v1/") or path == METRICS_PATH):
+            return None
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        try:
+            if path == METRICS_PATH:
+                authenticate_scraper(header, self.settings, self.keys_by_hash)
+            else:
+                authenticate(header, self.keys_by_hash)
+        except ApiError as error:
+            return error.status_code, str(error.detail), error.param, dict(error.headers or {})
+        return None
+
     async def _refusal(self, scope) -> tuple | None:
+        if scope["method"] != "POST":
+            return None
         length = dict(scope["headers"]).get(b"content-length")
         limit = self._body_limit(scope)
         if length is not None and length.isdigit() and int(length) > limit:
@@ -100,6 +126,6 @@ class AdmissionMiddleware:
 async def _send_json(send, status: int, message: str, param: str | None, headers: dict) -> None:
     body = orjson.dumps(error_body(status, message, param))
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
+    raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})

@@ -18,7 +18,7 @@ from fastapi import routing
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from api.deps import require_key
+from api.deps import require_key, require_scraper
 from api.middleware import ADMITTED_PATHS
 from contract.settings import Settings
 
@@ -38,7 +38,7 @@ ERROR_BODY = {
         },
     }},
 }
-DESCRIPTIONS = {400: "Bad request", 401: "Missing or invalid API key", 403: "The key may not use this S3 location",
+DESCRIPTIONS = {400: "Bad request", 401: "Missing or invalid API key", 403: "The key may not do this: an S3 location outside its grants, or an API key on /metrics while a scrape token is set",
                 404: "No such object for this key", 409: "Conflict with the object's state",
                 413: "Body or item count over a limit", 422: "Invalid request: `param` names the field",
                 429: "Queue full: retry after Retry-After seconds",
@@ -54,6 +54,7 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/batches/{batch_id}/cancel"): (409,),
     ("post", "/v1/batches"): (422,),
     ("post", "/v1/files"): (400,),  # a multipart body that cannot be parsed
+    ("get", "/metrics"): (403,),  # an API key while a scrape token is set
 }
 TEXT_BODIES = {("get", "/metrics"): "text/plain", ("get", "/v1/jobs/{job_id}/results"): "application/jsonl",
                ("get", "/v1/files/{file_id}/content"): "application/jsonl"}
@@ -90,7 +91,7 @@ def describe(app: FastAPI, settings: Settings) -> dict:
 
 
 def _complete(operation: dict, route: APIRoute, method: str, settings: Settings) -> None:
-    needs_key = any(dep.call is require_key for dep in route.dependant.dependencies)
+    needs_key = any(dep.call in (require_key, require_scraper) for dep in route.dependant.dependencies)
     statuses = set(EXTRA_STATUSES.get((method, route.path_format), ()))
     if needs_key:
         operation["security"] = [{"bearer": []}]

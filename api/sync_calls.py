@@ -1,7 +1,11 @@
-"""Synchronous scoring through the priority queue: submit one row, wait for it to settle.
+"""Synchronous scoring through the priority queue: submit one row (or attach to the identical
+call's job), wait for it to settle.
 
-    ScoringRequest -> packs known? (422 naming the pack) -> sync job (1 row, priority queue)
-      -> BLPOP done key in slices under the socket timeout, until the deadline -> the row's response | 422 naming the engine's field | 504 with the job id
+    ScoringRequest + SyncCall(route, body) -> packs known? (422 naming the pack)
+      -> jobstore.sync_jobs.submit_sync: the active job of an identical call (same key, route,
+         model, body), else a new sync job (1 row, priority queue; 429 past max_queue)
+      -> wait on the job's done list in slices under the socket timeout, until the deadline
+      -> the row's response | 422 naming the engine's field | 504 with the job id
 """
 
 from __future__ import annotations
@@ -11,32 +15,39 @@ import time
 
 import orjson
 from fastapi import Request
+from pydantic import BaseModel
 
 from api.errors import ApiError
 from api.served import resolve_model
 from contract import queues
-from contract.payloads import JobCreate, JobItem
+from contract.payloads import JobCreate, JobItem, JobSpec
 from contract.protocol import ScoringRequest
 from contract.settings import ApiKey
 from jobstore import records
-from jobstore.connections import blpop_until
-from jobstore.lifecycle import submit_inline
+from jobstore.connections import wait_for_element
+from jobstore.sync_jobs import SyncCall, submit_sync
 from prompt_packs.registry import PackRegistry, UnknownPackError
 
 
-async def score_sync(request: Request, key: ApiKey, body: ScoringRequest) -> dict:
+def sync_call(request: Request, body: BaseModel, reply_json: str = "") -> SyncCall:
+    """The call being answered: its route and validated body (the attach digest), and what its reply needs."""
+    return SyncCall(route=request.scope["route"].path, body_json=body.model_dump_json(), reply_json=reply_json)
+
+
+async def score_sync(request: Request, key: ApiKey, body: ScoringRequest, call: SyncCall) -> dict:
     state = request.app.state
     settings = state.settings
     started = time.perf_counter()
     check_packs(state.packs, body)
     model = await asyncio.to_thread(resolve_model, state.redis, settings, body.model)
+    spec = JobSpec(model=model, scoring=body.scoring, debug=body.debug, **({"packs": body.packs} if body.packs else {}))
     item = JobItem(custom_id="0", messages=body.messages)
-    job_id = await asyncio.to_thread(
-        submit_inline, state.redis, settings, key.name, model, body.scoring, [item], body.debug, True, None, body.packs
-    )
-    settled = await blpop_until(state.aredis, queues.done_key(job_id), settings.sync_timeout_s, settings)
+    job_id, _ = await asyncio.to_thread(submit_sync, state.redis, settings, key.name, spec, item, call)
+    settled = await wait_for_element(state.aredis, queues.done_key(job_id), settings.sync_timeout_s, settings)
     if settled is None:
-        raise ApiError(504, f"not scored within {settings.sync_timeout_s}s; poll GET /v1/jobs/{job_id}",
+        raise ApiError(504, f"not scored within {settings.sync_timeout_s}s; poll GET /v1/jobs/{job_id}, then"
+                            f" GET /v1/jobs/{job_id}/results for this route's reply (the same call made again"
+                            " while the job runs waits for the same job)",
                        job_id=job_id, headers={"x-should-retry": "false"})
     state.metrics.score_wait.observe(time.perf_counter() - started)
     rows = await state.aredis.hget(queues.results_key(job_id), "0")

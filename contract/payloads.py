@@ -212,6 +212,7 @@ class JobView(BaseModel):
     input: str | None = None
     output: str | None = None
     error: str | None = None
+    route: str | None = None  # a sync call's job: the route called; /results holds that route's reply
 
 
 JobList = ListPage[JobView]  # GET /v1/jobs: a page of the caller's jobs, newest first

@@ -85,6 +85,11 @@ def done_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:done"
 
 
+def sync_call_key(digest: str) -> str:
+    """String: a sync call's digest (key, route, model, body) -> the id of its job while it is active."""
+    return f"{PREFIX}:sync:{digest}"
+
+
 def idempotency_key(owner: str, key: str) -> str:
     digest = hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
     return f"{PREFIX}:idem:{digest}"

@@ -73,8 +73,9 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, gt=0, description="tokens per forward pass")
 
     api_keys: list[ApiKey] = Field(default_factory=list)
-    # GET /metrics: the hex SHA-256 of the scrape token Prometheus sends as its bearer
-    metrics_token_sha256: str | None = None
+    # GET /metrics: the hex SHA-256 of the scrape token Prometheus sends as its bearer (set:
+    # only that token reads /metrics; unset: any API key does)
+    metrics_token_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
 
     # prompt packs: the API lists and checks them, the workers' engines apply them
     pack_dirs: list[Path] = Field(default_factory=list,

@@ -5,7 +5,7 @@
       -> redis.Redis / redis.asyncio.Redis with Retry(ExponentialWithJitterBackoff, retries)
          retrying ConnectionError and TimeoutError (a Redis restart of a few seconds is bridged)
 
-Every blocking read waits in slices shorter than the socket timeout (`blpop_until`), so a
+Every blocking read waits in slices shorter than the socket timeout (`wait_for_element`), so a
 frozen Redis still ends the call within socket timeout x (retries + 1) plus the backoff,
 and a long wait never trips the socket timeout.
 """
@@ -58,7 +58,7 @@ def async_client(settings: Settings, url: str | None = None) -> aioredis.Redis:
 
 
 def blocking_slice_s(settings: Settings) -> float:
-    """The longest single blocking wait (BLPOP timeout) that stays under the socket timeout."""
+    """The longest single blocking wait (BLMOVE timeout) that stays under the socket timeout."""
     return max(1.0, settings.redis_socket_timeout_s - SLICE_MARGIN_S)
 
 
@@ -69,15 +69,17 @@ def unavailable_bound_s(settings: Settings) -> float:
     return attempts * per_attempt + settings.redis_num_retries * settings.redis_backoff_cap_s
 
 
-async def blpop_until(client: aioredis.Redis, key: str, timeout_s: float, settings: Settings):
-    """BLPOP `key` for up to `timeout_s`, in slices shorter than the socket timeout; None past it."""
+async def wait_for_element(client: aioredis.Redis, key: str, timeout_s: float, settings: Settings):
+    """The first element of the list `key` once there is one, waiting up to `timeout_s` in
+    slices shorter than the socket timeout; None past it. The element stays in the list
+    (BLMOVE from the list to itself), so every caller waiting on the same job wakes."""
     deadline = time.monotonic() + timeout_s
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return None
-        # BLPOP's timeout is in seconds (float allowed since Redis 6); never 0 (= forever)
+        # BLMOVE's timeout is in seconds (float allowed since Redis 6); never 0 (= forever)
         wait = max(0.01, min(left, blocking_slice_s(settings)))
-        popped = await client.blpop([key], timeout=wait)
-        if popped is not None:
-            return popped
+        moved = await client.blmove(key, key, wait, "LEFT", "RIGHT")
+        if moved is not None:
+            return moved

@@ -3,12 +3,16 @@ finalize, cancel. Every step that moves a job or a chunk is here; no engine.
 
     (a job's record, its owner index entry and its queue entries are one MULTI/EXEC: a
     payload that cannot be serialized or a failed write leaves no record behind)
-    submit_inline:  record (queued) -> ChunkPayload x N (chunk_num_rows rows each) -> batch | sync queue
+    submit_inline:  rows reserved under max_queue (submit.reserve_rows, QueueFull; given back if
+                    the write fails) -> record (queued) -> ChunkPayload x N (chunk_num_rows rows
+                    each) -> batch | sync queue (a sync call's own path: jobstore.sync_jobs)
     submit_requests: record (queued) -> ChunkPayload(requests: each row its own request, a
-                    batch's valid lines) x N -> batch queue
+                    batch's valid lines) x N -> batch queue (counted, not refused: the batch
+                    was admitted when it was created)
     submit_dataset: record (queued) -> PlanPayload -> batch queue
     plan_dataset:   running -> list the input, cut it (datasets.plan_chunks) -> ChunkPayload x N
-                    -> batch queue; an S3 error ends the job failed, with the reason
+                    -> batch queue (counted, not refused: the job was admitted at submit); an
+                    S3 error ends the job failed, with the reason
     load_chunk:     cancelled? -> running -> ChunkWork (chunks.read_rows)
                       ... a worker fills each row's response or error (workers.tasks.score_rows) ...
     settle_chunk:   rows -> results (chunks.write_rows) -> ChunkSummary, recorded once
@@ -46,7 +50,7 @@ from jobstore import chunks, datasets, owner_index, records
 from jobstore.chunks import ChunkWork
 from jobstore.records import ChunkSummary
 from jobstore.s3 import iter_lines, list_dataset_keys, put_bytes
-from jobstore.submit import enqueue_chunks, enqueue_plan, new_job_id
+from jobstore.submit import enqueue_chunks, enqueue_plan, new_job_id, release_rows, reserve_rows
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +87,17 @@ def submit_inline(
     fields = {"owner": owner, "model": model, "kind": "sync" if is_sync else "inline"}
     fields |= {"num_rows": len(items), "num_chunks": len(payloads)}
     pair = queues.queue_pair(model)
-    with r.pipeline() as pipe:  # the record with its queue entries, or nothing
-        records.create_job(r, job_id, fields, pipe)
-        if not is_sync:  # /v1/score and chat calls are not listed in GET /v1/jobs
-            owner_index.add(r, owner_index.JOBS, owner, job_id, pipe)
-        enqueue_chunks(r, settings, payloads, pair.sync if is_sync else pair.batch, pipe)
-        pipe.execute()
+    reserve_rows(r, len(items), settings.max_queue)  # QueueFull past max_queue: nothing written
+    try:
+        with r.pipeline() as pipe:  # the record with its queue entries, or nothing
+            records.create_job(r, job_id, fields, pipe)
+            if not is_sync:  # /v1/score and chat calls are not listed in GET /v1/jobs
+                owner_index.add(r, owner_index.JOBS, owner, job_id, pipe)
+            enqueue_chunks(r, settings, payloads, pair.sync if is_sync else pair.batch, pipe, is_reserved=True)
+            pipe.execute()
+    except BaseException:
+        release_rows(r, len(items))
+        raise
     return job_id
 
 

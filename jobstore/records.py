@@ -48,6 +48,12 @@ end
 return 0
 """
 
+# drop a sync call's digest key (jobstore.sync_jobs) only while it still names this job
+_RELEASE_ATTACH_LUA = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
 _ACTIVE = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
 
 
@@ -163,7 +169,8 @@ def is_complete(r: Redis, job_id: str) -> bool:
 
 
 def finish(r: Redis, job_id: str, status: JobStatus, ttl: int, error: str | None = None) -> bool:
-    """Move an active job to a terminal status, start its retention clock, wake waiters."""
+    """Move an active job to a terminal status, start its retention clock, wake waiters, and
+    stop identical sync calls from attaching to it."""
     if error:
         r.hsetnx(queues.job_key(job_id), "error", error)
     if not _transition(r, job_id, status, list(_ACTIVE), "finished_at"):
@@ -174,6 +181,9 @@ def finish(r: Redis, job_id: str, status: JobStatus, ttl: int, error: str | None
         pipe.rpush(queues.done_key(job_id), status.value)
         pipe.expire(queues.done_key(job_id), max(ttl, 60))
         pipe.execute()
+    attach_key = r.hget(queues.job_key(job_id), "attach_key")
+    if attach_key:  # an identical call made from now on is a new job
+        r.register_script(_RELEASE_ATTACH_LUA)(keys=[attach_key.decode()], args=[job_id])
     return True
 
 
@@ -229,6 +239,7 @@ def load_view(r: Redis, job_id: str) -> JobView | None:
         input=record.get("input") or None,
         output=record.get("output") or None,
         error=record.get("error") or None,
+        route=record.get("route") or None,
     )
 
 

@@ -299,3 +299,32 @@ def live_service():
     yield start
     for service in started:
         service.stop()
+
+
+@pytest.fixture
+def live_api():
+    """live_api(settings) -> the base URL of the API alone (uvicorn on a free port, no worker), stopped after."""
+    import threading
+
+    import uvicorn
+
+    from api.app import create_app
+
+    servers = []
+
+    def start(settings) -> str:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, name="spinf-api-test", daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(timeout=15)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from api.deps import KeyDep
 from api.errors import ApiError
 from api.json_body import StrictJsonRoute
-from api.sync_calls import score_sync
+from api.sync_calls import score_sync, sync_call
 from contract.protocol import ContentText, Message, PackRef, ScoringRequest, ScoringSpec, Text
 from contract.settings import LIMITS
 
@@ -63,7 +63,7 @@ async def chat_completions(request: Request, body: ChatRequest, key: KeyDep) -> 
         raise RequestValidationError(error.errors()) from None
     if scoring_request is None:
         raise ApiError(422, NO_SCORING, param="scoring")
-    return completion_body(await score_sync(request, key, scoring_request))
+    return completion_body(await score_sync(request, key, scoring_request, sync_call(request, body)))
 
 
 def chat_scoring_request(body: ChatRequest) -> ScoringRequest | None:

@@ -10,13 +10,12 @@ from api.decisions import (
     SharedDecideRequest,
     check_workloads,
     decision_ids,
-    envelope,
-    read_decision,
     scoring_request,
 )
 from api.deps import KeyDep, SettingsDep
 from api.json_body import StrictJsonRoute
-from api.sync_calls import score_sync
+from api.sync_calls import score_sync, sync_call
+from api.sync_replies import decide_reply, shared_reply
 
 router = APIRouter(route_class=StrictJsonRoute)
 
@@ -25,16 +24,15 @@ router = APIRouter(route_class=StrictJsonRoute)
 async def decide(request: Request, body: DecideRequest, key: KeyDep, settings: SettingsDep) -> dict:
     """One decision: the option probabilities (order-averaged on request), calibrated for a fitted workload."""
     check_workloads(settings.workloads, [body], "")
-    response = await score_sync(request, key, scoring_request(body.model, body.state, [SINGLE_DECISION_ID], [body]))
-    result = read_decision(SINGLE_DECISION_ID, body, response, settings.workloads)
-    return {"object": "decision", **result, **envelope(response)}
+    scoring = scoring_request(body.model, body.state, [SINGLE_DECISION_ID], [body])
+    call = sync_call(request, body, reply_json=body.model_dump_json())  # a poll of its job rebuilds the decision
+    return decide_reply(body, await score_sync(request, key, scoring, call), settings)
 
 
 @router.post("/v1/decide/shared")
 async def decide_shared(request: Request, body: SharedDecideRequest, key: KeyDep, settings: SettingsDep) -> dict:
     """Several decisions over one state: the state is read once, every decision is a branch."""
     check_workloads(settings.workloads, body.decisions, "decisions[{index}].")
-    ids = decision_ids(body.decisions)
-    response = await score_sync(request, key, scoring_request(body.model, body.state, ids, body.decisions))
-    decisions = [read_decision(i, d, response, settings.workloads) for i, d in zip(ids, body.decisions, strict=True)]
-    return {"object": "decision.list", "decisions": decisions, **envelope(response)}
+    scoring = scoring_request(body.model, body.state, decision_ids(body.decisions), body.decisions)
+    call = sync_call(request, body, reply_json=body.model_dump_json())
+    return shared_reply(body, await score_sync(request, key, scoring, call), settings)

@@ -1,4 +1,4 @@
-"""GET /health (open) and GET /metrics (Prometheus text).
+"""GET /health (open) and GET /metrics (Prometheus text; the scrape token, api/deps.py).
 
     /health: 200 {"status": "ok", ...} when every model the service must serve has a live
     worker (api.served.health_problems, the one definition); else 503 {"status": "unavailable",
@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.deps import KeyDep, RedisDep, SettingsDep
+from api.deps import RedisDep, ScraperDep, SettingsDep
 from api.served import health_problems, live_workers, served_models
 from contract import queues
 
@@ -62,6 +62,7 @@ def health(r: RedisDep, settings: SettingsDep) -> JSONResponse:
 
 
 @router.get("/metrics")
-def metrics(request: Request, key: KeyDep) -> Response:
-    """Prometheus exposition of this API process and the service's Redis state."""
+def metrics(request: Request, scraper: ScraperDep) -> Response:
+    """Prometheus exposition of this API process and the service's Redis state: service-wide
+    numbers only, no label names a key, a job or a row. The scrape token when one is set."""
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -4,6 +4,7 @@
     GET  /v1/jobs?after&limit       -> JobList (the caller's jobs, newest first)
     GET  /v1/jobs/{id}              -> JobView (404 for another key's job)
     GET  /v1/jobs/{id}/results      -> JSONL rows {custom_id, response} | {custom_id, error}
+                                       (a sync call's job: `response` is its route's reply, api.sync_replies)
     POST /v1/jobs/{id}/cancel       -> JobView
 S3 locations are checked against the key's allow-lists (403) before any S3 call.
 """
@@ -14,6 +15,7 @@ import hashlib
 import itertools
 from collections.abc import Iterator
 
+import orjson
 from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
@@ -23,6 +25,7 @@ from api.errors import ApiError
 from api.json_body import StrictJsonRoute
 from api.served import resolve_model
 from api.sync_calls import check_packs
+from api.sync_replies import ReplyContext, route_reply
 from contract import queues
 from contract.payloads import JobCreate, JobList, JobView
 from contract.s3_uri import S3Access, S3Uri, is_allowed, parse_s3_uri
@@ -53,12 +56,18 @@ def create_job(
         if existing is not None:
             response.status_code = 200
             return _view_or_404(r, existing, key)
-    if body.items is not None:
-        submit_inline(r, settings, key.name, model, body.scoring, body.items, body.debug, job_id=job_id,
-                      packs=body.packs)
-    else:
-        submit_dataset(r, settings, key.name, model, body.scoring, body.input.s3, body.output.s3, body.debug,
-                       job_id=job_id, packs=body.packs, grants=S3Access.for_job(None, None, key.s3_read, key.s3_write))
+    try:
+        if body.items is not None:
+            submit_inline(r, settings, key.name, model, body.scoring, body.items, body.debug, job_id=job_id,
+                          packs=body.packs)
+        else:
+            submit_dataset(r, settings, key.name, model, body.scoring, body.input.s3, body.output.s3, body.debug,
+                           job_id=job_id, packs=body.packs,
+                           grants=S3Access.for_job(None, None, key.s3_read, key.s3_write))
+    except BaseException:  # e.g. the queue is full (429): the key names no job, a retry may submit
+        if idempotency_key:
+            r.delete(queues.idempotency_key(key.name, idempotency_key))
+        raise
     return records.load_view(r, job_id)
 
 
@@ -132,9 +141,21 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: Sett
         summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].cancelled]
         rows = _dataset_rows(r, s3, settings, job_id, output, written)
+    elif record.get("route"):  # a sync call's job: its one row holds the route's reply
+        rows = [_sync_row(r, settings, record, key, b"".join(records.iter_inline_results(r, job_id, num_chunks)))]
     else:
         rows = records.iter_inline_results(r, job_id, num_chunks)
     return StreamingResponse(rows, media_type="application/jsonl")
+
+
+def _sync_row(r, settings: Settings, record: dict, key: ApiKey, jsonl: bytes) -> bytes:
+    """The row of a sync call's job with, as its `response`, what the route would have replied."""
+    if not jsonl.strip():
+        return jsonl
+    row = orjson.loads(jsonl.splitlines()[0])
+    if "response" in row:
+        row["response"] = route_reply(record, row["response"], ReplyContext(r, settings, key.name))
+    return orjson.dumps(row) + b"\n"
 
 
 def _dataset_rows(r, s3, settings: Settings, job_id: str, output: S3Uri, written: list[int]) -> Iterator[bytes]:

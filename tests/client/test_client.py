@@ -80,13 +80,13 @@ def test_async_client(live, bearer):
 
 
 def test_a_429_is_sent_again_after_its_retry_after(make_settings, slow_engine, live_service):
-    settings = make_settings(default_model="tiny-llama", max_queue=1, retry_after_s=1, chunk_num_rows=1)
+    settings = make_settings(default_model="tiny-llama", max_queue=3, retry_after_s=1, chunk_num_rows=1)
     live = live_service(settings, slow_engine(0.5))
     with Client(live.base_url, "sk-test-alice", max_retries=30) as spinf:
         answers: list[tuple[int, str | None, float]] = []
         spinf.http.event_hooks["response"].append(
             lambda response: answers.append((response.status_code, response.headers.get("retry-after"), time.monotonic())))
-        first = spinf.submit(ROWS[:3], SCORING)  # 3 rows queued: past max_queue until they settle
+        first = spinf.submit(ROWS[:3], SCORING)  # 3 rows queued: the next 2 do not fit until 2 have settled
         second = spinf.submit(ROWS[3:], SCORING)
         assert spinf.wait(second.id, poll_s=0.1).status is JobStatus.SUCCEEDED
         assert spinf.job(first.id).status is JobStatus.SUCCEEDED
