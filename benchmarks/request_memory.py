@@ -1,6 +1,6 @@
 """How much memory the largest requests the default limits admit add to a worker (CPU).
 
-    python3 benchmarks/request_memory.py [--family llama] [--context 8192] [--cases a,b,...]
+    python3 benchmarks/request_memory.py [--family llama] [--context 8192] [--cases a,b,...] [--case-timeout-s 1200]
       a tiny random checkpoint of `family` (engine/testing/tiny.py: the family's real tokenizer and
       vocabulary; a `--context`-token context, 8192 as SmolLM2-135M, whose tokenizer the llama family uses),
       the worker's default pass budget (SPINF_MAX_NUM_BATCHED_TOKENS); per case, in a FRESH
@@ -10,7 +10,8 @@
         added = peak RSS during the request - RSS before it
       --> benchmarks/results/request-memory-<family>.{json,md}: per case its size (queries,
           scored options, question characters, tokens read), seconds, added MiB, and whether
-          the worker refused it (an error row: e.g. content past the model's context)
+          the worker refused it (an error row: e.g. content past the model's context); a case still
+          running after --case-timeout-s is stopped and reported with the peak it had reached
 
 Each case sits AT a default limit of contract.settings.RequestLimits (the test
 tests/benchmarks/test_request_memory_cases.py checks that each validates and that one more
@@ -119,6 +120,7 @@ def _measure(name: str, family: str, context: int, out) -> None:
     gc.collect()
     before = _rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from the current RSS
+    out.put({"case": name, "rss_before_mib": before / 1024, **case_size(request)})  # for a case that times out
     started = time.perf_counter()
     refused, num_tokens = None, None
     try:
@@ -130,7 +132,7 @@ def _measure(name: str, family: str, context: int, out) -> None:
         refused = str(error)[:200]
     seconds = time.perf_counter() - started
     out.put({"case": name, "rss_before_mib": before / 1024, "added_mib": (_rss_kib("VmHWM") - before) / 1024,
-             "seconds": seconds, "refused": refused, "tokens_read": num_tokens, **case_size(request)})
+             "seconds": seconds, "refused": refused, "timed_out_after_s": None, "tokens_read": num_tokens, **case_size(request)})
 
 
 def case_size(request) -> dict:
@@ -150,17 +152,30 @@ def _grid(query) -> int:
     return size
 
 
-def _result_of(proc, out, name: str) -> dict:
+def _result_of(proc, out, name: str, timeout_s: float) -> dict:
+    """The case's row; past `timeout_s` the process is stopped and the row says so, with the
+    peak RSS it had reached (a request that holds a worker that long is a finding too)."""
     import queue
 
+    started, row = time.monotonic(), None
     while True:
         try:
-            row = out.get(timeout=5)
+            got = out.get(timeout=5)
+            if row is None:
+                row = got  # what the case is, sent before it is scored
+                continue
             proc.join()
-            return row
+            return got
         except queue.Empty:
             if not proc.is_alive():
                 raise RuntimeError(f"case {name}: the measuring process died (exit code {proc.exitcode})") from None
+            if row is not None and time.monotonic() - started > timeout_s:
+                peak = int(next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                                if line.startswith("VmHWM:")).split()[1])
+                proc.kill()
+                proc.join()
+                return row | {"added_mib": peak / 1024 - row["rss_before_mib"], "seconds": None, "refused": None,
+                              "tokens_read": None, "timed_out_after_s": timeout_s}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family", default="llama")
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--cases", default=",".join(CASE_NAMES))
+    parser.add_argument("--case-timeout-s", type=float, default=1200.0, help="stop a case that runs longer")
     args = parser.parse_args(argv)
     rows = []
     context = multiprocessing.get_context("spawn")
@@ -175,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         out = context.Queue()
         proc = context.Process(target=_measure, args=(name, args.family, args.context, out))
         proc.start()
-        rows.append(_result_of(proc, out, name))
+        rows.append(_result_of(proc, out, name, args.case_timeout_s))
         print(json.dumps(rows[-1]), flush=True)
     result = new_result(benchmark="request-memory", family=args.family, context_tokens=args.context,
                         max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS, limits=LIMITS.model_dump(),
@@ -192,9 +208,15 @@ def markdown(result: dict) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in result["cases"]:
         lines.append(f"| {row['case']} | {row['num_queries']} | {row['num_messages']} | {row['scored_options']:,} |"
-                     f" {row['question_chars']:,} | {row['tokens_read'] or '-'} | {row['seconds']:.1f} |"
+                     f" {row['question_chars']:,} | {row['tokens_read'] or '-'} | {_seconds(row)} |"
                      f" {row['added_mib']:.0f} | {(row['refused'] or '')[:80]} |")
     return "\n".join(lines) + "\n"
+
+
+def _seconds(row: dict) -> str:
+    if row["timed_out_after_s"] is not None:
+        return f"stopped after {row['timed_out_after_s']:.0f}"
+    return f"{row['seconds']:.1f}"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ across a restart, and `spinf-jobs worker` processes.
       same data
     start_worker(settings, model, name, log) -> `python -m spinf_jobs.service_commands worker`
     held_by(r, queue, worker name) -> the ids of the jobs that worker holds
+    serve_env(data_dir), wait_healthy(base_url, proc, log) -> a fresh `spinf-jobs serve`
+      process's environment (no SPINF_* but its data dir) and its wait for a live worker
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import redis
 from rq.executions import Execution
 from rq.registry import StartedJobRegistry
@@ -95,3 +98,24 @@ def held_by(r, queue_name: str, worker_name: str) -> list[str]:
         except ValueError:  # execution finished between the two reads
             continue
     return held
+
+
+def serve_env(data_dir: Path) -> dict:
+    """The environment of a fresh serve: no SPINF_* setting but its data dir."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_")}
+    return env | {"SPINF_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO), "COLUMNS": "140"}
+
+
+def wait_healthy(base_url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 120) -> dict:
+    """/health once a worker is up; fails with the log's tail if serve exits or takes too long."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            health = httpx.get(f"{base_url}/health", timeout=2).json()
+            if health["workers"]:
+                return health
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(log.read_text()[-3000:])

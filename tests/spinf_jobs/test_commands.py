@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from reliability.servers import serve_env, wait_healthy
+
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,29 +28,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _env(data_dir: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPINF_")}
-    return env | {"SPINF_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO), "COLUMNS": "140"}
-
-
 def _serve(model_dir: Path, data_dir: Path, port: int, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "spinf_jobs.service_commands", "serve", "--model", str(model_dir), "--device", "cpu",
                "--port", str(port)]
-    return subprocess.Popen(command, cwd=REPO, env=_env(data_dir), stdout=log.open("a"), stderr=subprocess.STDOUT)
-
-
-def _wait_healthy(base_url: str, proc: subprocess.Popen, log: Path) -> dict:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            health = httpx.get(f"{base_url}/health", timeout=2).json()
-            if health["workers"]:
-                return health
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(log.read_text()[-3000:])
+    return subprocess.Popen(command, cwd=REPO, env=serve_env(data_dir), stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 
 def test_serve_embeds_a_persistent_redis(service_model_dir, tmp_path):
@@ -56,7 +39,7 @@ def test_serve_embeds_a_persistent_redis(service_model_dir, tmp_path):
     base_url = f"http://127.0.0.1:{port}"
     proc = _serve(service_model_dir, data_dir, port, log)
     try:
-        health = _wait_healthy(base_url, proc, log)
+        health = wait_healthy(base_url, proc, log)
         first_redis = _redis_pid(data_dir)
         assert health["default_model"] == "tiny-llama" and health["models"][0]["workers"]
         headers = {"Authorization": f"Bearer {(data_dir / 'api-key').read_text().strip()}"}
@@ -76,7 +59,7 @@ def test_serve_embeds_a_persistent_redis(service_model_dir, tmp_path):
     assert "terminate called" not in log.read_text() and "leaked" not in log.read_text()  # a clean exit
 
     proc = _serve(service_model_dir, data_dir, port, log)  # the job survives a restart
-    _wait_healthy(base_url, proc, log)
+    wait_healthy(base_url, proc, log)
     left_running = _redis_pid(data_dir)
     proc.kill()  # SIGKILL: serve gets no chance to stop its Redis
     proc.wait(timeout=60)
@@ -84,7 +67,7 @@ def test_serve_embeds_a_persistent_redis(service_model_dir, tmp_path):
 
     proc = _serve(service_model_dir, data_dir, port, log)  # reattaches to it, and says so
     try:
-        _wait_healthy(base_url, proc, log)
+        wait_healthy(base_url, proc, log)
         assert _redis_pid(data_dir) == left_running
         assert f"reattached to the embedded Redis left running by an earlier serve (pid {left_running}" in log.read_text()
         again = httpx.get(f"{base_url}/v1/jobs/{job['id']}", headers=headers, timeout=30).json()
@@ -120,7 +103,7 @@ def _alive(pid: int | None) -> bool:
 def test_demo_scores_the_demo_dataset(service_model_dir, tmp_path):
     command = [sys.executable, "-m", "spinf_jobs.service_commands", "demo", "--model", str(service_model_dir), "--device", "cpu",
                "--port", str(_free_port()), "--pack", "spinf/support-triage"]
-    done = subprocess.run(command, cwd=REPO, env=_env(tmp_path / "data"), capture_output=True, text=True, timeout=400,
+    done = subprocess.run(command, cwd=REPO, env=serve_env(tmp_path / "data"), capture_output=True, text=True, timeout=400,
                           check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "40 rows: 40 scored, 0 errors" in done.stdout
@@ -134,7 +117,7 @@ def test_demo_scores_the_demo_dataset(service_model_dir, tmp_path):
 def test_demo_names_an_unknown_pack(service_model_dir, tmp_path):
     command = [sys.executable, "-m", "spinf_jobs.service_commands", "demo", "--model", str(service_model_dir), "--device", "cpu",
                "--port", str(_free_port()), "--pack", "spinf/nope"]
-    done = subprocess.run(command, cwd=REPO, env=_env(tmp_path / "data"), capture_output=True, text=True, timeout=400,
+    done = subprocess.run(command, cwd=REPO, env=serve_env(tmp_path / "data"), capture_output=True, text=True, timeout=400,
                           check=False)
     assert done.returncode == 1
     assert "job refused (422)" in done.stdout and "spinf/nope" in done.stdout
