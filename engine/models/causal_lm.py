@@ -35,8 +35,16 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:  # [S, vocab] float32 logits
         if scored_index.shape[0] % SCORE_CHUNK:
             raise ValueError(f"{scored_index.shape[0]} scored rows is not a multiple of SCORE_CHUNK={SCORE_CHUNK}")
+        return self.head_logits(self.scored_hidden(input_ids, positions, attn, scored_index))
+
+    def scored_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                      scored_index: torch.Tensor) -> torch.Tensor:  # [S, D] final-normed rows to score
         x = self.hidden_states(input_ids, positions, attn)  # [T, D], before the final norm
-        h = self.model.norm(x.index_select(0, scored_index))  # [S, D]
+        return self.model.norm(x.index_select(0, scored_index))
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [S, D] -> [S, V] float32 logits, SCORE_CHUNK rows per matmul (so a block of rows
+        gives the same bits alone as inside a larger h)."""
         logits = linear(h, self.lm_head_weight, row_chunk=SCORE_CHUNK, out_dtype=torch.float32)  # [S, V]
         if self.final_logit_softcapping is not None:
             cap = self.final_logit_softcapping

@@ -5,7 +5,8 @@
 
 The LM head runs only at the scored rows (inside the model). The log-softmax of a row never
 depends on how many rows the pass has: one program per row with fixed V chunks on CUDA,
-fixed SCORE_CHUNK-row blocks on CPU.
+fixed SCORE_CHUNK-row blocks on CPU. On CPU the LM head itself runs block by block
+(`cpu_scored_logprobs`: hidden [S, D] -> per block [SCORE_CHUNK, V]), so no [S, V] is held.
 A pass with extraction slots also returns their whole next-token distributions and the K/V
 of their prompts (kept for decoding); `decode` runs a decoding pass over that K/V:
 
@@ -92,17 +93,17 @@ class ModelRunner:
         """Queue one pass on the device; its outputs start copying to the host when it ends."""
         attention = self.prepare_attention(batch.attention)
         attention.capture = batch.attention.capture  # whatever prepare built, slots keep their K/V
-        logits = self.model(
-            to_device(batch.input_ids, self.device),
-            to_device(batch.positions, self.device),
-            attention,
-            to_device(batch.scored_index, self.device),
-        )  # [S, V] float32
+        inputs = (to_device(batch.input_ids, self.device), to_device(batch.positions, self.device), attention,
+                  to_device(batch.scored_index, self.device))
+        if self.device.type == "cpu":
+            target_logprobs, slot_logprobs = cpu_scored_logprobs(self.model, self.model.scored_hidden(*inputs), batch)
+        else:
+            logits = self.model(*inputs)  # [S, V] float32
+            target_logprobs = gather_logprobs(logits, to_device(batch.scored_targets, self.device))
+            slot_logprobs = None
+            if batch.slot_index is not None:
+                slot_logprobs = _to_host(chunked_log_softmax(logits[to_device(batch.slot_index, self.device)]))
         self.num_passes += 1
-        target_logprobs = gather_logprobs(logits, to_device(batch.scored_targets, self.device))
-        slot_logprobs = None
-        if batch.slot_index is not None:
-            slot_logprobs = _to_host(chunked_log_softmax(logits[to_device(batch.slot_index, self.device)]))
         output = RunnerOutput(pass_id=self.num_passes, target_logprobs=_to_host(target_logprobs))
         output.slot_logprobs = slot_logprobs
         if batch.slot_index is not None:
@@ -131,6 +132,27 @@ class ModelRunner:
         from engine.layers.attention_cuda import prepare_cuda_attention
 
         return prepare_cuda_attention(meta, self.device)
+
+
+def cpu_scored_logprobs(model, hidden: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """CPU: the LM head and its log-softmax SCORE_CHUNK rows at a time, so a pass never holds
+    [S, V] logits (16,384 scored rows of a 49k vocabulary held 3.2 GB): per block, each row's
+    target log-prob, and the whole log-softmax row of the slots' rows. The same matmuls and
+    row-wise log-softmax as `gather_logprobs` / `chunked_log_softmax` over the full logits,
+    so the same bits."""
+    targets = batch.scored_targets
+    out = torch.empty(hidden.shape[0], dtype=torch.float32)
+    slot_rows = set(batch.slot_index.tolist()) if batch.slot_index is not None else set()
+    slot_logprobs = {}
+    for start in range(0, hidden.shape[0], SCORE_CHUNK):
+        rows = slice(start, start + SCORE_CHUNK)
+        logprobs = torch.log_softmax(model.head_logits(hidden[rows]), dim=-1)  # [SCORE_CHUNK, V]
+        out[rows] = logprobs.gather(1, targets[rows, None])[:, 0]
+        for row in slot_rows.intersection(range(start, start + SCORE_CHUNK)):
+            slot_logprobs[row] = logprobs[row - start]
+    if batch.slot_index is None:
+        return out, None
+    return out, torch.stack([slot_logprobs[row] for row in batch.slot_index.tolist()])
 
 
 def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
