@@ -19,7 +19,9 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from api.deps import require_key, require_scraper
+from api.line_endpoints import ENDPOINTS
 from api.middleware import ADMITTED_PATHS
+from contract.files import UPLOAD_PURPOSES
 from contract.settings import Settings
 
 ERROR_BODY = {
@@ -87,6 +89,7 @@ def describe(app: FastAPI, settings: Settings) -> dict:
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     _limits(schemas, settings)
+    _choices(schemas, app.state.packs.ids())
     return schema
 
 
@@ -100,8 +103,8 @@ def _complete(operation: dict, route: APIRoute, method: str, settings: Settings)
         statuses.add(413)
         if route.path_format in ADMITTED_PATHS:
             statuses.add(429)
-    if route.dependant.path_params:
-        statuses.add(404)
+    if route.dependant.path_params or any(p.name == "after" for p in route.dependant.query_params):
+        statuses.add(404)  # no such object for this key (the `after` cursor of a list names one)
     if route.dependant.body_params or route.dependant.query_params or "422" in operation["responses"]:
         statuses.add(422)
     responses = operation["responses"]
@@ -112,8 +115,8 @@ def _complete(operation: dict, route: APIRoute, method: str, settings: Settings)
     if media_type is not None:
         responses["200"]["content"] = {media_type: {"schema": {"type": "string"}}}
     for parameter in operation.get("parameters", []):
-        if parameter["name"] == "limit" and parameter["in"] == "query":
-            parameter["schema"]["maximum"] = settings.max_list_limit
+        if parameter["name"] == "limit" and parameter["in"] == "query":  # a route's own bound (files) stays
+            parameter["schema"].setdefault("maximum", settings.max_list_limit)
 
 
 def _limits(schemas: dict, settings: Settings) -> None:
@@ -121,3 +124,22 @@ def _limits(schemas: dict, settings: Settings) -> None:
     for choice in (items or {}).get("anyOf", []):
         if choice.get("type") == "array":
             choice["maxItems"] = settings.max_num_inline_items
+
+
+def _choices(schemas: dict, packs: list[str]) -> None:
+    """The closed sets and the one-of rules a schema can hold, as the request models check them."""
+    schemas["BatchCreate"]["properties"]["endpoint"]["enum"] = sorted(ENDPOINTS)
+    upload = schemas.get("Body_upload_file_v1_files_post", {}).get("properties", {})
+    if "purpose" in upload:
+        upload["purpose"]["enum"] = list(UPLOAD_PURPOSES)
+    schemas["PackRef"]["properties"]["id"]["enum"] = sorted(packs)
+    schemas["JobItem"]["oneOf"] = [_given("messages", "text"), _given("text", "messages")]
+    s3_job = {"required": ["input", "output"], "properties": {
+        "input": {"not": {"type": "null"}}, "output": {"not": {"type": "null"}}, "items": {"type": "null"}}}
+    schemas["JobCreate"]["oneOf"] = [_given("items", "input", "output"), s3_job]
+
+
+def _given(field: str, *absent: str) -> dict:
+    """`field` given (not null) and each of `absent` left out or null."""
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}}} | {
+        name: {"type": "null"} for name in absent}}
