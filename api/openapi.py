@@ -7,7 +7,7 @@
           401 a route with a key; 413 every POST (admission: body size); 429 POST on the admitted
           paths (queued rows); 404 a route with a path id; 422 a route with a body or parameters;
           and the route's own (EXTRA_STATUSES: 403 S3 grants, 409 conflicts, 504 sync deadline)
-      + text bodies: /metrics (Prometheus text), results and file contents (JSONL)
+      + text bodies: /metrics (Prometheus text), results (JSONL), file contents (the bytes uploaded)
       + the settings' limits a schema can hold: `limit`'s maximum, inline items' maxItems
 """
 
@@ -54,12 +54,12 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/jobs"): (403, 409, 422),  # 409: Idempotency-Key reused with another body
     ("get", "/v1/jobs/{job_id}/results"): (409, 503),  # 503: S3 unreadable
     ("post", "/v1/batches/{batch_id}/cancel"): (409,),
-    ("post", "/v1/batches"): (422,),
+    ("post", "/v1/batches"): (404, 422),  # 404: input_file_id names no file of this key
     ("post", "/v1/files"): (400,),  # a multipart body that cannot be parsed
     ("get", "/metrics"): (403,),  # an API key while a scrape token is set
 }
 TEXT_BODIES = {("get", "/metrics"): "text/plain", ("get", "/v1/jobs/{job_id}/results"): "application/jsonl",
-               ("get", "/v1/files/{file_id}/content"): "application/jsonl"}
+               ("get", "/v1/files/{file_id}/content"): "application/octet-stream"}  # the bytes uploaded
 ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 
 
@@ -89,7 +89,7 @@ def describe(app: FastAPI, settings: Settings) -> dict:
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     _limits(schemas, settings)
-    _choices(schemas, app.state.packs.ids())
+    _choices(schemas, app.state.packs.ids(), list(settings.workloads))
     return schema
 
 
@@ -126,13 +126,23 @@ def _limits(schemas: dict, settings: Settings) -> None:
             choice["maxItems"] = settings.max_num_inline_items
 
 
-def _choices(schemas: dict, packs: list[str]) -> None:
+def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     """The closed sets and the one-of rules a schema can hold, as the request models check them."""
     schemas["BatchCreate"]["properties"]["endpoint"]["enum"] = sorted(ENDPOINTS)
     upload = schemas.get("Body_upload_file_v1_files_post", {}).get("properties", {})
     if "purpose" in upload:
         upload["purpose"]["enum"] = list(UPLOAD_PURPOSES)
     schemas["PackRef"]["properties"]["id"]["enum"] = sorted(packs)
+    asked = {"anyOf": [{"required": ["packs"], "properties": {"packs": {"minItems": 1}}},
+                       {"required": ["scoring"], "properties": {"scoring": {
+                           "type": "object", "required": ["queries"], "properties": {"queries": {"minItems": 1}}}}}]}
+    for name in ("ScoringRequest", "ChatRequest", "JobCreate"):  # at least one query or one pack
+        schemas[name]["properties"]["packs"]["uniqueItems"] = True  # a pack named twice is refused
+        schemas[name]["allOf"] = [asked]
+    for name in ("DecideRequest", "DecisionSpec"):  # a workload the settings name (SPINF_WORKLOADS)
+        if "workload" in schemas.get(name, {}).get("properties", {}):
+            named = [{"enum": sorted(workloads)}] if workloads else []
+            schemas[name]["properties"]["workload"]["anyOf"] = [*named, {"type": "null"}]
     schemas["JobItem"]["oneOf"] = [_given("messages", "text"), _given("text", "messages")]
     s3_job = {"required": ["input", "output"], "properties": {
         "input": {"not": {"type": "null"}}, "output": {"not": {"type": "null"}}, "items": {"type": "null"}}}

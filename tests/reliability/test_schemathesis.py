@@ -1,0 +1,37 @@
+"""Schemathesis (`st run --checks all`) over every operation of the live service's /openapi.json,
+with a valid key and a worker on smollm2-135m: no response >= 500, no failed check.
+
+A bounded run (a few examples per operation); the long one (>= 5,000 requests) is
+`python3 benchmarks/schemathesis_long.py` (docs/service.md, "Fuzzing the API").
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reliability.schemathesis_service import live_service, run_schemathesis, summary
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+MAX_EXAMPLES = 5
+
+
+def _num_operations(spec: dict) -> int:
+    return sum(method in ("get", "post", "put", "patch", "delete") for path in spec["paths"].values() for method in path)
+
+
+def test_every_operation_passes_every_check(tmp_path: Path):
+    import httpx
+
+    with live_service(tmp_path) as base_url:
+        spec = httpx.get(f"{base_url}/openapi.json").json()
+        report = tmp_path / "events.ndjson"
+        exit_code = run_schemathesis(base_url, MAX_EXAMPLES, report, timeout_s=900)
+    result = summary(report)
+    print(json.dumps(result, indent=1))
+    assert result["num_operations"] == _num_operations(spec), result
+    assert result["num_requests"] > 20 * result["num_operations"], result
+    assert result["num_5xx"] == 0, result
+    assert result["failures_by_check"] == {}, result
+    assert exit_code == 0, result
