@@ -23,6 +23,7 @@ from api.line_endpoints import ENDPOINTS
 from api.middleware import ADMITTED_PATHS
 from contract.files import UPLOAD_PURPOSES
 from contract.settings import Settings
+from prompt_packs.orderings import MAX_NUM_CHOICES_ALL
 
 ERROR_BODY = {
     "title": "ErrorBody",
@@ -132,17 +133,20 @@ def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     upload = schemas.get("Body_upload_file_v1_files_post", {}).get("properties", {})
     if "purpose" in upload:
         upload["purpose"]["enum"] = list(UPLOAD_PURPOSES)
-    schemas["PackRef"]["properties"]["id"]["enum"] = sorted(packs)
-    asked = {"anyOf": [{"required": ["packs"], "properties": {"packs": {"minItems": 1}}},
-                       {"required": ["scoring"], "properties": {"scoring": {
-                           "type": "object", "required": ["queries"], "properties": {"queries": {"minItems": 1}}}}}]}
-    for name in ("ScoringRequest", "ChatRequest", "JobCreate"):  # at least one query or one pack
-        schemas[name]["properties"]["packs"]["uniqueItems"] = True  # a pack named twice is refused
-        schemas[name]["allOf"] = [asked]
+    if packs:
+        schemas["PackRef"]["properties"]["id"]["enum"] = sorted(packs)
+    for name in ("ScoringRequest", "ChatRequest", "JobCreate"):
+        named = schemas[name]["properties"]["packs"]  # a pack named twice is refused: each loaded pack once at most
+        named["maxItems"] = min(named.get("maxItems", len(packs)), len(packs))
     for name in ("DecideRequest", "DecisionSpec"):  # a workload the settings name (SPINF_WORKLOADS)
+        schemas[name]["if"] = {"required": ["orderings"], "properties": {"orderings": {"const": "all"}}}
+        schemas[name]["then"] = {"properties": {"options": {"maxItems": MAX_NUM_CHOICES_ALL}}}
         if "workload" in schemas.get(name, {}).get("properties", {}):
             named = [{"enum": sorted(workloads)}] if workloads else []
             schemas[name]["properties"]["workload"]["anyOf"] = [*named, {"type": "null"}]
+    options = schemas["Query"]["properties"]["options"]  # distinct, none empty (whatever the slot)
+    options["uniqueItems"] = True
+    options["items"]["minLength"] = 1
     schemas["JobItem"]["oneOf"] = [_given("messages", "text"), _given("text", "messages")]
     s3_job = {"required": ["input", "output"], "properties": {
         "input": {"not": {"type": "null"}}, "output": {"not": {"type": "null"}}, "items": {"type": "null"}}}

@@ -62,14 +62,9 @@ def plain_text(text: str) -> str:
     return text
 
 
-PLAIN_TEXT_PATTERN = "^[^\\x00\\ud800-\\udfff]*$"  # what plain_text admits, for the JSON Schema
-
-
 def Text(max_chars: int, min_chars: int = 0):  # noqa: N802 - a type
-    """A plain-text string of at most `max_chars` characters (the schema's pattern: no NUL, no lone
-    surrogate; checked by `plain_text`, whose message names the character)."""
-    return Annotated[str, Field(min_length=min_chars, max_length=max_chars,
-                                json_schema_extra={"pattern": PLAIN_TEXT_PATTERN}), AfterValidator(plain_text)]
+    """A plain-text string of at most `max_chars` characters."""
+    return Annotated[str, Field(min_length=min_chars, max_length=max_chars), AfterValidator(plain_text)]
 
 
 ContentText = Text(LIMITS.max_content_chars)
