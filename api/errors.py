@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import re
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
 
 from jobstore.submit import QueueFull
 
@@ -121,9 +120,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this path (GET and POST /v1/jobs are two routes)."""
+    path = request.scope["path"]
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match != Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
+    for context in routing.iter_route_contexts(request.app.routes):  # included routers' routes too
+        if getattr(context, "path_regex", None) is not None and context.path_regex.match(path):
+            methods |= set(context.methods or ())
     return sorted(methods)
