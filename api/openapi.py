@@ -9,6 +9,9 @@
           and the route's own (EXTRA_STATUSES: 403 S3 grants, 409 conflicts, 504 sync deadline)
       + text bodies: /metrics (Prometheus text), results (JSONL), file contents (the bytes uploaded)
       + the settings' limits a schema can hold: `limit`'s maximum, inline items' maxItems
+      + closed sets as enums (batch endpoints, upload purpose, pack ids, workloads) and the
+        one-of rules (items | input+output, messages | text); the rules no schema states are
+        named in tests/reliability/schemathesis_service.py (CROSS_FIELD_RULES)
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     for name in ("ScoringRequest", "ChatRequest", "JobCreate"):
         named = schemas[name]["properties"]["packs"]  # a pack named twice is refused: each loaded pack once at most
         named["maxItems"] = min(named.get("maxItems", len(packs)), len(packs))
-    for name in ("DecideRequest", "DecisionSpec"):  # a workload the settings name (SPINF_WORKLOADS)
+    for name in ("DecideRequest", "DecisionSpec"):  # "all" orderings of at most 4; a configured workload
         schemas[name]["if"] = {"required": ["orderings"], "properties": {"orderings": {"const": "all"}}}
         schemas[name]["then"] = {"properties": {"options": {"maxItems": MAX_NUM_CHOICES_ALL}}}
         if "workload" in schemas.get(name, {}).get("properties", {}):
