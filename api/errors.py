@@ -4,7 +4,8 @@
         for a body that is not JSON: the message gives the byte offset, api/json_body.py)
     pydantic ValidationError raised in a route (a request built from the body, e.g. a
         decision's queries past a limit) -> the same 422
-    HTTPException (400/401/403/404/409/413/429/504)  -> same shape, headers kept (Retry-After)
+    HTTPException (400/401/403/404/409/413/429/504)  -> same shape, headers kept (Retry-After);
+        a 405's `Allow` lists every method served at the path
     redis ConnectionError / TimeoutError (after the client's retries) -> 503 + Retry-After
     jobstore QueueFull (the submit's atomic row reservation) -> 429 + Retry-After; 413 for a
         request of more rows than max_queue (it could never be admitted)
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -111,4 +112,17 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, error: HTTPException) -> JSONResponse:
         extra = getattr(error, "extra", {})
         body = error_body(error.status_code, str(error.detail), getattr(error, "param", None), **extra)
-        return JSONResponse(status_code=error.status_code, content=body, headers=error.headers)
+        headers = dict(error.headers or {})
+        if error.status_code == 405:  # Starlette names the first matching route's methods only
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return JSONResponse(status_code=error.status_code, content=body, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (GET and POST /v1/jobs are two routes)."""
+    path = request.scope["path"]
+    methods: set[str] = set()
+    for context in routing.iter_route_contexts(request.app.routes):  # included routers' routes too
+        if getattr(context, "path_regex", None) is not None and context.path_regex.match(path):
+            methods |= set(context.methods or ())
+    return sorted(methods)

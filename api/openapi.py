@@ -7,8 +7,11 @@
           401 a route with a key; 413 every POST (admission: body size); 429 POST on the admitted
           paths (queued rows); 404 a route with a path id; 422 a route with a body or parameters;
           and the route's own (EXTRA_STATUSES: 403 S3 grants, 409 conflicts, 504 sync deadline)
-      + text bodies: /metrics (Prometheus text), results and file contents (JSONL)
+      + text bodies: /metrics (Prometheus text), results (JSONL), file contents (the bytes uploaded)
       + the settings' limits a schema can hold: `limit`'s maximum, inline items' maxItems
+      + closed sets as enums (batch endpoints, upload purpose, pack ids, workloads) and the
+        one-of rules (items | input+output, messages | text); the rules no schema states are
+        named in tests/reliability/schemathesis_service.py (CROSS_FIELD_RULES)
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from api.deps import require_key, require_scraper
+from api.line_endpoints import ENDPOINTS
 from api.middleware import ADMITTED_PATHS
+from contract.files import UPLOAD_PURPOSES
 from contract.settings import Settings
+from prompt_packs.orderings import MAX_NUM_CHOICES_ALL
 
 ERROR_BODY = {
     "title": "ErrorBody",
@@ -52,12 +58,12 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/jobs"): (403, 409, 422),  # 409: Idempotency-Key reused with another body
     ("get", "/v1/jobs/{job_id}/results"): (409, 503),  # 503: S3 unreadable
     ("post", "/v1/batches/{batch_id}/cancel"): (409,),
-    ("post", "/v1/batches"): (422,),
+    ("post", "/v1/batches"): (404, 422),  # 404: input_file_id names no file of this key
     ("post", "/v1/files"): (400,),  # a multipart body that cannot be parsed
     ("get", "/metrics"): (403,),  # an API key while a scrape token is set
 }
 TEXT_BODIES = {("get", "/metrics"): "text/plain", ("get", "/v1/jobs/{job_id}/results"): "application/jsonl",
-               ("get", "/v1/files/{file_id}/content"): "application/jsonl"}
+               ("get", "/v1/files/{file_id}/content"): "application/octet-stream"}  # the bytes uploaded
 ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
 
 
@@ -87,6 +93,7 @@ def describe(app: FastAPI, settings: Settings) -> dict:
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
     _limits(schemas, settings)
+    _choices(schemas, app.state.packs.ids(), list(settings.workloads))
     return schema
 
 
@@ -100,8 +107,8 @@ def _complete(operation: dict, route: APIRoute, method: str, settings: Settings)
         statuses.add(413)
         if route.path_format in ADMITTED_PATHS:
             statuses.add(429)
-    if route.dependant.path_params:
-        statuses.add(404)
+    if route.dependant.path_params or any(p.name == "after" for p in route.dependant.query_params):
+        statuses.add(404)  # no such object for this key (the `after` cursor of a list names one)
     if route.dependant.body_params or route.dependant.query_params or "422" in operation["responses"]:
         statuses.add(422)
     responses = operation["responses"]
@@ -112,8 +119,8 @@ def _complete(operation: dict, route: APIRoute, method: str, settings: Settings)
     if media_type is not None:
         responses["200"]["content"] = {media_type: {"schema": {"type": "string"}}}
     for parameter in operation.get("parameters", []):
-        if parameter["name"] == "limit" and parameter["in"] == "query":
-            parameter["schema"]["maximum"] = settings.max_list_limit
+        if parameter["name"] == "limit" and parameter["in"] == "query":  # a route's own bound (files) stays
+            parameter["schema"].setdefault("maximum", settings.max_list_limit)
 
 
 def _limits(schemas: dict, settings: Settings) -> None:
@@ -121,3 +128,35 @@ def _limits(schemas: dict, settings: Settings) -> None:
     for choice in (items or {}).get("anyOf", []):
         if choice.get("type") == "array":
             choice["maxItems"] = settings.max_num_inline_items
+
+
+def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
+    """The closed sets and the one-of rules a schema can hold, as the request models check them."""
+    schemas["BatchCreate"]["properties"]["endpoint"]["enum"] = sorted(ENDPOINTS)
+    upload = schemas.get("Body_upload_file_v1_files_post", {}).get("properties", {})
+    if "purpose" in upload:
+        upload["purpose"]["enum"] = list(UPLOAD_PURPOSES)
+    if packs:
+        schemas["PackRef"]["properties"]["id"]["enum"] = sorted(packs)
+    for name in ("ScoringRequest", "ChatRequest", "JobCreate"):
+        named = schemas[name]["properties"]["packs"]  # a pack named twice is refused: each loaded pack once at most
+        named["maxItems"] = min(named.get("maxItems", len(packs)), len(packs))
+    for name in ("DecideRequest", "DecisionSpec"):  # "all" orderings of at most 4; a configured workload
+        schemas[name]["if"] = {"required": ["orderings"], "properties": {"orderings": {"const": "all"}}}
+        schemas[name]["then"] = {"properties": {"options": {"maxItems": MAX_NUM_CHOICES_ALL}}}
+        if "workload" in schemas.get(name, {}).get("properties", {}):
+            named = [{"enum": sorted(workloads)}] if workloads else []
+            schemas[name]["properties"]["workload"]["anyOf"] = [*named, {"type": "null"}]
+    options = schemas["Query"]["properties"]["options"]  # distinct, none empty (whatever the slot)
+    options["uniqueItems"] = True
+    options["items"]["minLength"] = 1
+    schemas["JobItem"]["oneOf"] = [_given("messages", "text"), _given("text", "messages")]
+    s3_job = {"required": ["input", "output"], "properties": {
+        "input": {"not": {"type": "null"}}, "output": {"not": {"type": "null"}}, "items": {"type": "null"}}}
+    schemas["JobCreate"]["oneOf"] = [_given("items", "input", "output"), s3_job]
+
+
+def _given(field: str, *absent: str) -> dict:
+    """`field` given (not null) and each of `absent` left out or null."""
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}}} | {
+        name: {"type": "null"} for name in absent}}

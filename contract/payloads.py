@@ -111,6 +111,10 @@ class JobCreate(JobSpec):
             raise ValueError("output: inline jobs keep their results in the service; drop `output`")
         if not self.scoring.queries and not self.packs:
             raise ValueError("scoring.queries: give at least one query, or name a pack in `packs`")
+        ids = [pack.id for pack in self.packs]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:  # as a sync call's: each pack is asked once
+            raise ValueError(f"packs: pack(s) {duplicates} named more than once")
         _check_unique_custom_ids(self.items or [])
         return self
 

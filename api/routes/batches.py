@@ -35,7 +35,7 @@ def create_batch(body: BatchCreate, key: KeyDep, request: Request, background: B
                        param="endpoint")
     stored = files.load_file(steps.r, body.input_file_id, key.name)
     if stored is None:
-        raise ApiError(422, f"input_file_id: no file {body.input_file_id!r} of this key", param="input_file_id")
+        raise ApiError(404, f"input_file_id: no file {body.input_file_id!r} of this key", param="input_file_id")
     if stored.object.purpose != "batch":
         raise ApiError(422, f"input_file_id: the file's purpose is {stored.object.purpose!r}; upload it with"
                        " purpose 'batch'", param="input_file_id")
@@ -74,7 +74,7 @@ def list_batches(
     try:
         page, loaded = batches.list_batches(steps.r, key.name, after, limit)
     except UnknownCursorError:
-        raise ApiError(422, f"after: no batch {after!r} of this key", param="after") from None
+        raise ApiError(404, f"after: no batch {after!r} of this key", param="after") from None
     for record in loaded:
         advance(steps, record, background)
     return page

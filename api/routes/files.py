@@ -76,7 +76,7 @@ def list_files(
     try:
         return files.list_files(r, key.name, after, limit, purpose, ascending=order == "asc")
     except UnknownCursorError:
-        raise ApiError(422, f"after: no file {after!r} of this key", param="after") from None
+        raise ApiError(404, f"after: no file {after!r} of this key", param="after") from None
 
 
 def owned_file(r, file_id: str, owner: str) -> files.StoredFile:

@@ -111,7 +111,7 @@ def list_jobs(key: KeyDep, r: RedisDep, settings: SettingsDep, after: str | None
     try:
         return owner_index.list_jobs(r, key.name, after, limit)
     except owner_index.UnknownCursorError:
-        raise ApiError(422, f"after: no job {after!r} of this key", param="after") from None
+        raise ApiError(404, f"after: no job {after!r} of this key", param="after") from None
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobView)

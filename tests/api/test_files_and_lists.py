@@ -51,7 +51,6 @@ def test_batch_creation_refusals_name_the_field(client, bearer):
     cases = [
         ({"input_file_id": good, "endpoint": "/v1/embeddings", "completion_window": "24h"}, "endpoint"),
         ({"input_file_id": good, "endpoint": "/v1/score", "completion_window": "1h"}, "completion_window"),
-        ({"input_file_id": "file-nope", "endpoint": "/v1/score", "completion_window": "24h"}, "input_file_id"),
         ({"input_file_id": empty, "endpoint": "/v1/score", "completion_window": "24h"}, "input_file_id"),
         ({"input_file_id": four, "endpoint": "/v1/score", "completion_window": "24h"}, "input_file_id"),
         ({"input_file_id": good, "endpoint": "/v1/score", "completion_window": "24h",
@@ -60,8 +59,11 @@ def test_batch_creation_refusals_name_the_field(client, bearer):
     for body, param in cases:
         response = client.post("/v1/batches", json=body, headers=alice)
         assert response.status_code == 422 and response.json()["error"]["param"] == param, response.json()
+    unknown = client.post("/v1/batches", json=cases[0][0] | {"endpoint": "/v1/score", "input_file_id": "file-nope"},
+                          headers=alice)
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "input_file_id"
     bobs = client.post("/v1/batches", json=cases[0][0] | {"endpoint": "/v1/score"}, headers=bearer("bob"))
-    assert bobs.status_code == 422 and bobs.json()["error"]["param"] == "input_file_id"  # alice's file
+    assert bobs.status_code == 404 and bobs.json()["error"]["param"] == "input_file_id"  # alice's file
     assert client.get("/v1/batches", headers=alice).json()["data"] == []
     assert client.get("/v1/batches?limit=51", headers=alice).json()["error"]["param"] == "limit"
 
@@ -84,7 +86,8 @@ def test_get_jobs_lists_the_callers_jobs_paged(client, bearer):
     assert seen == made[::-1]
     client.app.state.redis.delete(queues.job_key(made[0]))  # expired
     assert [j["id"] for j in client.get("/v1/jobs", headers=alice).json()["data"]] == made[:0:-1]
-    assert client.get("/v1/jobs?after=job-nope", headers=alice).json()["error"]["param"] == "after"
+    unknown_cursor = client.get("/v1/jobs?after=job-nope", headers=alice)
+    assert unknown_cursor.status_code == 404 and unknown_cursor.json()["error"]["param"] == "after"
     too_many = client.get("/v1/jobs?limit=51", headers=alice)  # max_list_limit=50
     assert too_many.status_code == 422 and too_many.json()["error"]["param"] == "limit"
     assert len(client.get("/v1/jobs?limit=50", headers=alice).json()["data"]) == 4

@@ -10,7 +10,9 @@ CI run (tests/reliability/test_schemathesis.py) and the long run (schemathesis_l
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,22 @@ from pathlib import Path
 MODEL = "smollm2-135m-instruct"
 TOKEN = "sk-schemathesis"
 SYNC_TIMEOUT_S = 600.0
+MAX_RESPONSE_TIME_S = 120.0  # max_response_time's bound: a sync call on a loaded 2-core CPU takes seconds
+
+# What JSON Schema cannot say, so a schema-valid body may still get a 422 naming the field
+# (positive_data_acceptance reports it): (the refusal's message, why the schema cannot hold it).
+CROSS_FIELD_RULES = (
+    (r"queries\.\d+\.(template|values|options|calibrate|mode|beam_width|seed|temperature|max_tokens)\b",
+     "a query's fields follow its template's grammar: the slot decides options and mode fields, each placeholder needs values"),
+    (r"duplicate (option id|decision id|query id)", "ids unique within a list of objects (uniqueItems compares whole items)"),
+    (r"custom_id .* repeats", "custom ids unique within a job's items"),
+    (r"U\+0000 \(NUL\)|a lone surrogate", "plain text: a pattern on every text field stalls generation; surrogates are no regex"),
+    (r"the queries ask \d+ |messages: the content is \d+ characters", "totals over several fields"),
+    (r"is not an s3:// URI|in an S3 URI|the bucket name", "an S3 URI's form"),
+    (r"model: unknown model", "the models served change as workers come and go; the spec is made once"),
+    (r"give at least one query, or name a pack|send a `scoring` block or name `packs`|named more than once",
+     "at least one query or one pack, no pack twice: as anyOf / uniqueItems, schemathesis' coverage phase did not end"),
+)
 
 
 def _free_port() -> int:
@@ -70,7 +88,8 @@ def run_schemathesis(base_url: str, max_examples: int, report: Path, seed: int =
     """`st run` over every operation with every check; its exit code (the report is written to `report`)."""
     command = [shutil.which("st") or "st", "run", f"{base_url}/openapi.json", "--checks", "all",
                "-H", f"Authorization: Bearer {TOKEN}", "--max-examples", str(max_examples), "--seed", str(seed),
-               "--request-timeout", str(SYNC_TIMEOUT_S + 30), "--continue-on-failure", "--no-color",
+               "--request-timeout", str(SYNC_TIMEOUT_S + 30), "--max-response-time", str(MAX_RESPONSE_TIME_S),
+               "--continue-on-failure", "--no-color",
                "--report", "ndjson", "--report-ndjson-path", str(report)]
     return subprocess.run(command, timeout=timeout_s, check=False).returncode
 
@@ -80,11 +99,52 @@ def summary(report: Path) -> dict:
     statuses: list[int] = []
     failures: dict[str, int] = {}
     operations: set[str] = set()
+    errors: list[str] = []
     for line in report.read_text().splitlines():
-        _walk(json.loads(line), statuses, failures, operations)
+        event = json.loads(line)
+        if "NonFatalError" in event:  # e.g. a schema it cannot generate from: that operation went untested
+            errors.append(event["NonFatalError"]["value"].get("message", "")[:300])
+        _walk(event, statuses, failures, operations)
     return {"num_requests": len(statuses), "num_5xx": sum(s >= 500 for s in statuses),
-            "num_operations": len(operations), "failures_by_check": failures,
+            "num_operations": len(operations), "failures_by_check": failures, "errors": errors,
             "statuses": {str(s): statuses.count(s) for s in sorted(set(statuses))}}
+
+
+def rejections(report: Path) -> list[dict]:
+    """Each schema-valid request the service refused (positive_data_acceptance): its operation,
+    status and error message."""
+    found = []
+    for line in report.read_text().splitlines():
+        scenario = json.loads(line).get("ScenarioFinished")
+        if not scenario:
+            continue
+        recorder = scenario["recorder"]
+        for case_id, checks in recorder.get("checks", {}).items():
+            if not any(_failed(check, "positive_data_acceptance") for check in checks):
+                continue
+            response = recorder.get("interactions", {}).get(case_id, {}).get("response") or {}
+            case = recorder["cases"].get(case_id, {}).get("value", {})
+            found.append({"operation": f"{case.get('method')} {case.get('path')}",
+                          "status": response.get("status_code"), "message": _message(response)})
+    return found
+
+
+def unexplained(found: list[dict]) -> list[dict]:
+    """The refusals that are not one of CROSS_FIELD_RULES."""
+    return [r for r in found if not any(re.search(rule, r["message"]) for rule, _ in CROSS_FIELD_RULES)]
+
+
+def _failed(check: dict, name: str) -> bool:
+    check = check.get("value", check)
+    return check.get("name") == name and check.get("status") in ("failure", "FAILURE")
+
+
+def _message(response: dict) -> str:
+    try:
+        content = response.get("content") or {}
+        return json.loads(base64.b64decode(content.get("$base64", "")))["error"]["message"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"<not an error body: {response.get('status_code')}>"
 
 
 def _walk(node, statuses: list[int], failures: dict[str, int], operations: set[str]) -> None:

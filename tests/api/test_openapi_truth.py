@@ -1,0 +1,52 @@
+"""/openapi.json against the app's behaviour, for the points Schemathesis found: a 405 lists
+every method of its path, the closed sets are enums, a list's unknown cursor is a declared 404."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.line_endpoints import ENDPOINTS
+from contract.payloads import JobCreate
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def client(make_settings):
+    with TestClient(create_app(make_settings(default_model="m"))) as client:
+        yield client
+
+
+def test_a_405_allows_every_method_served_at_its_path(client, bearer):
+    for path, allowed in [("/v1/jobs", "GET, POST"), ("/v1/files", "GET, POST"), ("/v1/batches", "GET, POST"),
+                          ("/v1/files/file-x", "DELETE, GET"), ("/v1/jobs/job-x/cancel", "POST")]:
+        response = client.request("PUT", path, headers=bearer("alice"))
+        assert response.status_code == 405 and response.headers["allow"] == allowed, (path, response.headers)
+
+
+def test_an_unknown_cursor_is_a_declared_404(client, bearer):
+    spec = client.get("/openapi.json").json()
+    for path in ("/v1/jobs", "/v1/files", "/v1/batches"):
+        response = client.get(f"{path}?after=nope", headers=bearer("alice"))
+        assert response.status_code == 404 and response.json()["error"]["param"] == "after", path
+        assert "404" in spec["paths"][path]["get"]["responses"], path
+
+
+def test_closed_sets_are_enums_and_limits_hold(client):
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    assert schemas["BatchCreate"]["properties"]["endpoint"]["enum"] == sorted(ENDPOINTS)
+    packs = schemas["PackRef"]["properties"]["id"]["enum"]
+    assert packs == client.app.state.packs.ids() and "spinf/moderation" in packs
+    assert schemas["ScoringRequest"]["properties"]["packs"]["maxItems"] == len(packs)
+    limit = next(p for p in spec["paths"]["/v1/files"]["get"]["parameters"] if p["name"] == "limit")
+    assert limit["schema"]["maximum"] == 10_000  # the files route's own bound, not max_list_limit
+    assert spec["paths"]["/v1/files/{file_id}/content"]["get"]["responses"]["200"]["content"] == {
+        "application/octet-stream": {"schema": {"type": "string"}}}
+
+
+def test_a_job_naming_a_pack_twice_is_refused():
+    body = {"scoring": {"queries": []}, "packs": [{"id": "spinf/moderation"}] * 2,
+            "items": [{"custom_id": "a", "text": "x"}]}
+    with pytest.raises(ValueError, match="named more than once"):
+        JobCreate.model_validate(body)
