@@ -46,9 +46,7 @@ MAX_BEAM_WIDTH = 32
 DEFAULT_EXTRACT_MAX_TOKENS = 16  # extraction answers are short: a name, a month, a number
 DEFAULT_GENERATE_MAX_TOKENS = 64
 MAX_SLOT_TOKENS = 512
-SLOT_FIELDS = ("mode", "beam_width", "max_tokens", "seed", "temperature", "floor")  # extraction-only fields
-
-
+SLOT_FIELDS = ("mode", "beam_width", "max_tokens", "seed", "temperature", "floor", "allow_empty")  # extraction-only fields
 
 
 def plain_text(text: str) -> str:
@@ -102,6 +100,9 @@ class Query(_Strict):
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_SLOT_TOKENS)  # None: the mode's default
     seed: int | None = None  # generate: None decodes greedily, a seed samples (reproducibly)
     temperature: float = Field(default=1.0, gt=0.0, le=10.0)  # generate with a seed only
+    # generate: false (default) keeps writing until the text has a non-whitespace character
+    # (no end-of-text token or closing text before it); true lets the answer end at once, empty
+    allow_empty: bool = False
     floor: bool = False  # each answer also gets floor_p: its paths' probability with user contents emptied
     # label-free calibration of the options (docs/calibration.md): "contextual" adds
     # contextual_p (p divided by floor_p, renormalised) to every answer; "batch" adds batch_p
@@ -176,6 +177,9 @@ def _check_slot(query: Query, slot: str, tail: str) -> None:
     for name in ("seed", "temperature"):
         if name in query.model_fields_set:
             raise ValueError(f"{name}: only mode 'generate' samples; mode 'extract' is a beam search")
+    if "allow_empty" in query.model_fields_set:
+        raise ValueError("allow_empty: only mode 'generate' waits for a non-whitespace character; mode 'extract'"
+                         " lists every answer by its p, an empty one included")
 
 
 def _check_options(options: list[str]) -> None:

@@ -14,7 +14,8 @@ BeamDecoder (mode "extract"), one step:
      path; a {*} proposal that neither finishes nor may grow (max_tokens) is dropped;
   3. all proposals are ranked by log-probability (ties: hypothesis order, then token id)
      and the best `beam_width` are kept: finished ones leave the beam, the rest form it.
-GenerateDecoder (mode "generate") follows one path: greedy, or sampled with the slot's seed.
+GenerateDecoder (mode "generate") follows one path: greedy, or sampled with the slot's seed;
+it does not stop before its first non-whitespace character unless the slot allows it.
 ForcedDecoder searches nothing: it reads given paths' probabilities under another prompt
 (a slot's floor, engine/extraction/decoding.py).
 
@@ -179,25 +180,32 @@ def propose(spec: SlotSpec, hyp: Hypothesis, index: int, found: Candidates, voca
 
 class GenerateDecoder(Decoder):
     """Mode "generate": one path, greedy (no seed) or sampled at `temperature` (seed).
-    p is the model's own (untempered) probability of the text and of how it ended."""
+    p is the model's own (untempered) probability of the text and of how it ended.
+
+    When it may stop: not before the text has a non-whitespace character, unless the slot
+    allows an empty answer (`allow_empty`). Until then a token that would end the answer (a
+    special token, or one that completes the closing text with only whitespace before it) is
+    set aside: greedy takes the likeliest other token (ties: the lower id), sampling draws
+    again from the tokens not set aside. The tokens chosen keep their own probabilities (p is
+    not renormalised); `max_tokens` still ends the answer ("length")."""
 
     def max_rows(self, spec: SlotSpec) -> int:
         return spec.max_tokens
 
     def needs(self, state: DecodeState, vocab: SlotVocab) -> list[RowNeed]:
-        if state.generator is None:
+        [hyp] = state.live
+        if state.generator is None and may_stop(state.spec, hyp.text):
             return [RowNeed(1, ALL)]  # argmax: the best token, ties to the lowest id
-        return [RowNeed(0, ALL, full=True)]
+        return [RowNeed(0, ALL, full=True)]  # sampling, or a choice that may skip tokens: the whole row
 
     def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
         [hyp] = state.live
         [found] = candidates
         spec = state.spec
-        if state.generator is None:
+        if found.full is None:
             token, value = found.ids[0], found.logprobs[0]
         else:
-            weights = torch.softmax(found.full / spec.temperature, dim=0)
-            token = int(torch.multinomial(weights, 1, generator=state.generator))
+            token = _choose(state, hyp, found.full, vocab)
             value = found.full[token].item()
         logprob = hyp.logprob + value
         if token in vocab.special_set:
@@ -215,6 +223,48 @@ class GenerateDecoder(Decoder):
             state.live = [Hypothesis(ids, logprob, text, list(hyp.rows))]
             return
         state.live = []
+
+
+def may_stop(spec: SlotSpec, text: str) -> bool:
+    """Whether a generate answer that reads `text` so far may end (GenerateDecoder's rule)."""
+    return spec.allow_empty or bool(text.strip())
+
+
+def _ends_empty(spec: SlotSpec, hyp: Hypothesis, token: int, vocab: SlotVocab) -> bool:
+    """Whether `token` would end the answer with only whitespace written."""
+    if token in vocab.special_set:
+        return True
+    if not spec.tail:
+        return False
+    text = vocab.continuation_text(hyp.ids + [token])
+    cut = text.find(spec.tail)
+    return cut >= 0 and not text[:cut].strip()
+
+
+def _choose(state: DecodeState, hyp: Hypothesis, row: torch.Tensor, vocab: SlotVocab) -> int:
+    """The next token from the whole row ([V] float64 log-probs): argmax (ties: the lower id)
+    or a draw from softmax(row / temperature); until the answer may stop, a token that would
+    end it empty is set aside and the choice made again among the others."""
+    spec = state.spec
+
+    def pick(values: torch.Tensor) -> int:
+        if state.generator is None:
+            return int(values.argmax())  # the first of equal maxima: the lowest id
+        weights = torch.softmax(values / spec.temperature, dim=0)
+        return int(torch.multinomial(weights, 1, generator=state.generator))
+
+    token = pick(row)  # as without the rule, so an answer it does not touch is unchanged
+    if may_stop(spec, hyp.text) or not _ends_empty(spec, hyp, token, vocab):
+        return token
+    first, rest = token, row.clone()
+    rest[vocab.special_ids] = -math.inf
+    while True:
+        rest[token] = -math.inf
+        if rest.max() == -math.inf:  # every token would end it: it ends as the model wrote it
+            return first
+        token = pick(rest)
+        if not _ends_empty(spec, hyp, token, vocab):
+            return token
 
 
 class ForcedDecoder(Decoder):

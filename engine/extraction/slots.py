@@ -55,6 +55,7 @@ class SlotSpec:
     seed: int | None  # generate: None greedy, else sampled
     temperature: float
     floor: bool = False  # each answer also gets floor_p (engine/extraction/decoding.py: the slot floor)
+    allow_empty: bool = False  # generate: may end before its first non-whitespace character
 
     @property
     def is_grammar(self) -> bool:
@@ -64,7 +65,7 @@ class SlotSpec:
 def slot_spec(query: Query) -> SlotSpec:
     parsed = query.parsed_template
     return SlotSpec(parsed.slot, parsed.tail, query.mode, query.beam_width, query.num_max_tokens,
-                    query.seed, query.temperature, query.floor)
+                    query.seed, query.temperature, query.floor, query.allow_empty)
 
 
 @dataclass(slots=True)

@@ -66,11 +66,17 @@ def test_malformed_bodies_are_422_naming_the_field(client, bearer):
     cases = {
         "scoring.queries.0.options": {"queries": [{"id": "q", "template": "x{?}", "options": [" only"]}]},
         "scoring.queries.0": {"queries": [{"id": "q", "template": "x{?} tail", "options": ["a", "b"]}]},
+        "scoring.queries.0.allow_empty": {"queries": [{"id": "q", "template": "Summary:{*}", "mode": "generate",
+                                                       "allow_empty": "maybe"}]},
     }
     for field, scoring in cases.items():
         response = client.post("/v1/jobs", json=JOB | {"scoring": scoring}, headers=bearer("alice"))
         assert response.status_code == 422
         assert response.json()["error"]["param"].startswith(field), response.json()
+    extract = {"queries": [{"id": "q", "template": 'A: "{*}"', "allow_empty": True}]}  # generate only
+    response = client.post("/v1/score", json={"messages": [{"role": "user", "content": "hi"}], "scoring": extract},
+                           headers=bearer("alice"))
+    assert response.status_code == 422 and "allow_empty: only mode 'generate'" in response.text, response.text
     missing = client.post("/v1/score", json={"scoring": SCORING}, headers=bearer("alice"))
     assert missing.status_code == 422 and missing.json()["error"]["param"] == "messages"
     unknown = client.post("/v1/jobs", json=JOB | {"model": "nope"}, headers=bearer("alice"))

@@ -36,6 +36,9 @@ def test_valid_request_parses():
         ({"template": 'A: "{*}" {n}', "options": []}, "two slots"),
         ({"beam_width": 3}, "only extraction slots"),
         ({"mode": "generate"}, "only extraction slots"),
+        ({"allow_empty": True}, "only extraction slots"),
+        ({"template": 'A: "{*}"', "options": [], "allow_empty": True}, "allow_empty: only mode 'generate'"),
+        ({"template": "Summary:{*}", "options": [], "mode": "generate", "allow_empty": "maybe"}, "allow_empty"),
         ({"template": "Q {x}{?}", "values": {"x": []}}, "at least one value"),
         ({"answer_in": "robot"}, "answer_in"),
     ],
@@ -68,6 +71,7 @@ def test_unknown_fields_rejected():
         ({"template": "Total:{$} (incl. VAT)"}, 16),
         ({"template": "Summary:{*}", "mode": "generate"}, 64),
         ({"template": "Summary: {*}\n", "mode": "generate", "seed": 7, "temperature": 0.7, "max_tokens": 5}, 5),
+        ({"template": "Summary:{*}", "mode": "generate", "allow_empty": True}, 64),
     ],
 )
 def test_extraction_slots_parse(query, max_tokens):

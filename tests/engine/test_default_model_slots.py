@@ -84,3 +84,40 @@ def test_slot_parity_fails_for_a_greedy_decoder(slot_parity):
     rows = engine_rows(*slot_parity, BeamDecoder(max_width=1))
     print(summarize_slots(rows))
     assert not is_passing(rows), "a greedy-only decoder passed slot parity on the default model"
+
+
+SUMMARY = {"id": "note", "template": "\n\nA one-line summary:{*}", "mode": "generate", "max_tokens": 12}
+
+
+def _support(queries: list[dict], content: str = SUPPORT) -> ScoringRequest:
+    return ScoringRequest.model_validate({"messages": [{"role": "user", "content": content}],
+                                          "scoring": {"queries": queries}})
+
+
+@pytest.mark.slow
+def test_generate_summary_does_not_stop_before_it_writes_something(engine):
+    """The README's support message: greedy's likeliest first token ends the user's turn; the
+    answer may not stop before its first non-whitespace character (docs/extraction.md)."""
+    summary = engine.score(_support([SUMMARY])).results[0].combinations[0]
+    [answer] = summary.answers
+    first = engine.tokenizer(answer.text, add_special_tokens=False)["input_ids"][0]
+    assert answer.text.strip() and engine.tokenizer.decode([first]).strip(), answer.text
+    empty = engine.score(_support([SUMMARY | {"allow_empty": True}])).results[0].combinations[0]
+    [stopped] = empty.answers
+    assert stopped.text == "" and stopped.finish_reason == "stop" and stopped.p > 0.5  # as the model would
+    assert summary.residual >= stopped.p  # the ending set aside stays in the residual, p is the model's own
+
+
+@pytest.mark.slow
+def test_generate_summary_alone_vs_packed_is_bit_identical(engine):
+    others = [_support([{"id": "boxes", "template": "\n\nQ: How many boxes were ordered?\nA:{n}"},
+                        SUMMARY | {"max_tokens": 6}], INVOICE),
+              _support([{"id": "month", "template": "\n\nQ: Which month was charged twice?\nA: \"{*}\""},
+                        {"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]}])]
+    target = _support([SUMMARY])
+    alone = engine.score_requests([target]).results[0].model_dump()
+    packed = engine.score_requests([others[0], target, others[1]]).results[1].model_dump()
+    for response in (alone, packed):
+        response.pop("usage")
+        response.pop("id", None)
+    assert alone == packed and alone["results"][0]["combinations"][0]["answers"][0]["text"].strip()

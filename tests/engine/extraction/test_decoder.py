@@ -45,8 +45,8 @@ def decode(vocab, spec, lm: dict[str, dict[str, float]], decoder=None):
     return answers(state)
 
 
-def spec(kind="*", tail='"', width=5, max_tokens=8, mode="extract", seed=None):
-    return SlotSpec(kind, tail, mode, width, max_tokens, seed, 1.0)
+def spec(kind="*", tail='"', width=5, max_tokens=8, mode="extract", seed=None, allow_empty=False):
+    return SlotSpec(kind, tail, mode, width, max_tokens, seed, 1.0, allow_empty=allow_empty)
 
 
 # "Sep" is the likeliest first token, but most of its continuations leave the answer open:
@@ -122,6 +122,50 @@ def test_generate_sampling_is_reproducible_by_seed(vocab):
     assert runs == again and len(set(runs)) > 1
     assert all(decode(vocab, spec(mode="generate", tail="", max_tokens=3, seed=s), lm)[0][0].finish_reason
                == "length" for s in range(2))
+
+
+# When a generate answer may stop: not before its first non-whitespace character
+# (GenerateDecoder), unless the slot allows an empty answer.
+
+def test_generate_does_not_stop_before_its_first_non_whitespace_character(vocab):
+    eos = vocab.tokenizer.eos_token
+    lm = {"": {eos: 0.55, " Double": 0.3}, " Double": {" charge": 0.9}, " Double charge": {eos: 0.8}}
+    [found], residual = decode(vocab, spec(mode="generate", tail=""), lm)
+    assert found.text == " Double charge" and found.finish_reason == "stop"
+    assert found.p == pytest.approx(0.3 * 0.9 * 0.8)  # the model's own p, not renormalised past the 0.55
+    assert residual == pytest.approx(1 - found.p)
+    [empty], _ = decode(vocab, spec(mode="generate", tail="", allow_empty=True), lm)
+    assert empty.text == "" and empty.finish_reason == "stop" and empty.p == pytest.approx(0.55)
+
+
+def test_generate_whitespace_alone_does_not_let_it_stop(vocab):
+    eos = vocab.tokenizer.eos_token
+    lm = {"": {"\n": 0.6, eos: 0.3}, "\n": {eos: 0.9, "Ok": 0.06}, "\nOk": {eos: 0.9}}
+    [found], _ = decode(vocab, spec(mode="generate", tail=""), lm)
+    assert found.text == "\nOk" and found.p == pytest.approx(0.6 * 0.06 * 0.9)
+    [found], _ = decode(vocab, spec(mode="generate", tail="", allow_empty=True), lm)
+    assert found.text == "\n" and found.p == pytest.approx(0.6 * 0.9)
+
+
+def test_generate_closing_text_ends_it_only_after_some_text(vocab):
+    lm = {"": {'"': 0.7, " May": 0.2}, " May": {'"': 0.9}}
+    [found], _ = decode(vocab, spec(mode="generate"), lm)
+    assert found.text == " May" and found.finish_reason == "stop" and found.p == pytest.approx(0.2 * 0.9)
+    [found], _ = decode(vocab, spec(mode="generate", allow_empty=True), lm)
+    assert found.text == "" and found.p == pytest.approx(0.7)
+
+
+def test_generate_sampling_draws_again_when_it_would_end_empty(vocab):
+    eos = vocab.tokenizer.eos_token
+    lm = {"": {eos: 0.5, " a": 0.2, " b": 0.2}}
+    def texts(allow_empty):
+        return [decode(vocab, spec(mode="generate", tail="", max_tokens=2, seed=s, allow_empty=allow_empty), lm)[0][0]
+                .text for s in range(16)]
+    strict, free = texts(False), texts(True)
+    assert all(t.strip() for t in strict) and len({t[:2] for t in strict}) > 1
+    assert "" in free
+    # a draw the rule does not touch stays as it was: the same seed, the same text
+    assert all(a == b for a, b in zip(strict, free, strict=True) if b)
 
 
 # Candidate selection (engine/extraction/select.py): what the decoders get instead of whole rows.
