@@ -1,0 +1,115 @@
+"""The Decisions API's prompt format `decisions-v1`: a decisions request as ONE ScoringRequest, and back.
+
+    DecisionCreate --decision_request--> DecisionPlan(request: ScoringRequest, queries per question)
+        input (string or messages) -> the request's messages (read once: the trunk of the tree)
+        question i -> query "q<i>" (and "q<i>~o<k>" per extra ordering): a branch of that read
+    ScoringResponse --read_decision--> Decision dict {answers, model, usage, system_fingerprint,
+                                                      prompt_format, per answer `spinf`}
+
+decisions-v1 (docs/decisions.md): predicate -> " yes" / " no"; choice -> lettered lines
+"A) value: description" answered with " A", " B", ... (past 26 choices two letters "AA",
+"AB", ...); score -> numbered levels "0) label: description" answered with " 0" ... " 9".
+Refusal: the options hold no mass at all (1 - residual <= REFUSAL_MASS = 0 in float64); small
+models leave most mass off the options, so a residual threshold would refuse almost everything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from contract.decisions import ChoiceQuestion, DecisionCreate, PredicateQuestion, ScoreQuestion
+from contract.protocol import Message, Query, ScoringRequest, ScoringSpec
+from prompt_packs.orderings import LETTERS, choice_orders, combine_orderings
+
+PROMPT_FORMAT = "decisions-v1"
+REFUSAL_MASS = 0.0  # refuse when the options hold no representable mass: 1 - residual <= this (float64)
+PREDICATE_TEMPLATE = "\n\n{instructions}\nAnswer yes or no.\nAnswer:{?}"
+CHOICE_TEMPLATE = "\n\n{instructions}\n{lines}\nAnswer with the label of one option.\nAnswer:{?}"
+SCORE_TEMPLATE = "\n\n{instructions}\n{lines}\nAnswer with the number of one level.\nAnswer:{?}"
+
+
+class DecisionFormatError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionPlan:
+    request: ScoringRequest
+    query_ids: list[list[str]]  # per question: its queries (one per ordering)
+    orders: list[list[tuple[int, ...]]]  # per question: order[k][i] = the choice shown under label i
+
+
+def labels(num_choices: int) -> list[str]:
+    """A..Z up to 26 choices; past that two letters AA, AB, ..., AZ, BA, ... (676 >= 255)."""
+    if num_choices <= len(LETTERS):
+        return list(LETTERS[:num_choices])
+    return [a + b for a in LETTERS for b in LETTERS][:num_choices]
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _part_text(part) -> str:
+    if part.type == "input_json":
+        return json.dumps(part.data, ensure_ascii=False, separators=(",", ":"))
+    return part.refusal if part.type == "refusal" else part.text
+
+
+def _text(content) -> str:
+    return content if isinstance(content, str) else "\n".join(_part_text(p) for p in content)
+
+
+def messages(create: DecisionCreate) -> list[Message]:
+    if isinstance(create.input, str):
+        return [Message(role="user", content=create.input)]
+    roles = {"developer": "system"}
+    return [Message(role=roles.get(m.role, m.role), content=_text(m.content)) for m in create.input]
+
+
+def value_text(value: str | bool) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else value
+
+
+def _line(label: str, text: str, description: str | None) -> str:
+    return f"{label}) {text}" + (f": {description}" if description else "")
+
+
+def question_queries(index: int, question) -> tuple[list[Query], list[tuple[int, ...]]]:
+    qid, instructions = f"q{index}", _escape(_text(question.instructions))
+    if isinstance(question, PredicateQuestion):
+        template = PREDICATE_TEMPLATE.replace("{instructions}", instructions)
+        return [Query(id=qid, template=template, options=[" yes", " no"])], [(0, 1)]
+    if isinstance(question, ScoreQuestion):
+        lines = "\n".join(_line(str(i), lv.label, lv.description) for i, lv in enumerate(question.levels))
+        template = SCORE_TEMPLATE.replace("{instructions}", instructions).replace("{lines}", _escape(lines))
+        options = [f" {i}" for i in range(len(question.levels))]
+        return [Query(id=qid, template=template, options=options)], [tuple(range(len(options)))]
+    names = labels(len(question.choices))
+    orders = choice_orders(len(question.choices), question.orderings)
+    queries = []
+    for k, order in enumerate(orders):
+        choices = [question.choices[c] for c in order]
+        lines = "\n".join(_line(n, value_text(c.value), c.description) for n, c in zip(names, choices, strict=True))
+        template = CHOICE_TEMPLATE.replace("{instructions}", instructions).replace("{lines}", _escape(lines))
+        queries.append(Query(id=qid if k == 0 else f"{qid}~o{k}", template=template, options=[" " + n for n in names]))
+    return queries, orders
+
+
+def decision_request(create: DecisionCreate, workloads: dict[str, float | None]) -> DecisionPlan:
+    """Every question (and ordering) a query of one ScoringRequest over the input's messages."""
+    all_queries, ids, orders = [], [], []
+    for index, question in enumerate(create.questions):
+        if question.workload is not None and question.workload not in workloads:
+            raise DecisionFormatError(f"questions.{index}.workload",
+                                      f"unknown workload {question.workload!r}; configured: {sorted(workloads)}")
+        queries, question_orders = question_queries(index, question)
+        all_queries += queries
+        ids.append([q.id for q in queries])
+        orders.append(question_orders)
+    request = ScoringRequest(model=create.model, messages=messages(create), scoring=ScoringSpec(queries=all_queries))
+    return DecisionPlan(request, ids, orders)
