@@ -53,28 +53,12 @@ class RefusalPart(_Strict):
     refusal: ContentText
 
 
-def _refuse_image(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("type") == "input_image":
-        raise ValueError("input_image: image parts are not supported yet; send text or input_json parts")
-    return value
-
-
 UserPart = Annotated[Union[InputText, InputJson], Field(discriminator="type")]
 AssistantPart = Annotated[Union[OutputText, RefusalPart], Field(discriminator="type")]
 
 
 class _Message(_Strict):
     type: Literal["message"] = "message"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_images(cls, value: Any) -> Any:
-        if isinstance(value, dict) and isinstance(value.get("content"), list):
-            for index, part in enumerate(value["content"]):
-                if isinstance(part, dict) and part.get("type") == "input_image":
-                    raise ValueError(f"content.{index}: input_image parts are not supported yet;"
-                                     " send input_text or input_json parts")
-        return value
 
 
 class UserMessage(_Message):
@@ -175,9 +159,16 @@ class DecisionCreate(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _supported_items(cls, value: Any) -> Any:
+        """Tool items and image parts are refused here, naming them, before `input`'s union
+        (string or messages) would report only that the first branch is not a string."""
         if isinstance(value, dict) and isinstance(value.get("input"), list):
             for index, item in enumerate(value["input"]):
                 kind = item.get("type") if isinstance(item, dict) else None
                 if kind in UNSUPPORTED_ITEMS:
                     raise ValueError(f"input.{index}: {kind} items are not supported yet; send messages")
+                content = item.get("content") if isinstance(item, dict) else None
+                for part_index, part in enumerate(content if isinstance(content, list) else []):
+                    if isinstance(part, dict) and part.get("type") == "input_image":
+                        raise ValueError(f"input.{index}.content.{part_index}: input_image parts are not"
+                                         " supported yet; send input_text or input_json parts")
         return value

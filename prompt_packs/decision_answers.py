@@ -6,7 +6,8 @@
               confidence = the chosen value's probability
       score: probabilities per level (value = 0-based index), score = sum_i i * p_i (the
              expected level index), confidence = the most likely level's probability
-      refusal: the options hold no mass at all (1 - residual <= REFUSAL_MASS, 0)
+      refusal: off-option mass > REFUSAL_ODDS x option mass (residual > 99 (1 - residual)), in
+               any ordering: the model would mostly answer something that is not an option
       spinf: per answer the engine's raw p per option (per ordering), floor_p, residual, and
              `calibrated` (softmax(mean logprob / T)) for a question naming a fitted workload
 """
@@ -17,9 +18,14 @@ import math
 
 from contract.decisions import ChoiceQuestion, DecisionCreate, PredicateQuestion
 from contract.protocol import ScoringResponse
-from prompt_packs.decision_format import PROMPT_FORMAT, REFUSAL_MASS, DecisionPlan
+from prompt_packs.decision_format import PROMPT_FORMAT, REFUSAL_ODDS, DecisionPlan
 from prompt_packs.orderings import Ordering, combine_orderings
 from contract.probability import normalise
+
+
+def is_refusal(residual: float) -> bool:
+    """The options hold under 1 / (1 + REFUSAL_ODDS) of the mass (docs/decisions.md)."""
+    return residual > REFUSAL_ODDS * (1.0 - residual)
 
 
 def _answer(question, combos: list, orders: list[tuple[int, ...]], temperature: float | None) -> dict:
@@ -35,7 +41,7 @@ def _answer(question, combos: list, orders: list[tuple[int, ...]], temperature: 
     if temperature is not None:
         spinf["calibrated"] = {"temperature": temperature, "probabilities": normalise([z / temperature for z in logits])}
     base = {"name": question.name}
-    if 1.0 - residual <= REFUSAL_MASS:
+    if is_refusal(residual):
         return {**base, "type": "refusal", "spinf": spinf}
     if isinstance(question, PredicateQuestion):
         return {**base, "type": "predicate", "probability": probs[0], "spinf": spinf}

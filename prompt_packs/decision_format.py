@@ -9,22 +9,24 @@
 decisions-v1 (docs/decisions.md): predicate -> " yes" / " no"; choice -> lettered lines
 "A) value: description" answered with " A", " B", ... (past 26 choices two letters "AA",
 "AB", ...); score -> numbered levels "0) label: description" answered with " 0" ... " 9".
-Refusal: the options hold no mass at all (1 - residual <= REFUSAL_MASS = 0 in float64); small
-models leave most mass off the options, so a residual threshold would refuse almost everything.
+Refusal (docs/decisions.md): the mass the model puts off every option (`residual`) is more than
+REFUSAL_ODDS times the mass on the options, i.e. the options together hold under 1 / (1 +
+REFUSAL_ODDS) of the next-token mass; measured on fixtures/labelled/support.jsonl.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
+
+from pydantic import ValidationError
 
 from contract.decisions import ChoiceQuestion, DecisionCreate, PredicateQuestion, ScoreQuestion
 from contract.protocol import Message, Query, ScoringRequest, ScoringSpec
-from prompt_packs.orderings import LETTERS, choice_orders, combine_orderings
+from prompt_packs.orderings import LETTERS, choice_orders
 
 PROMPT_FORMAT = "decisions-v1"
-REFUSAL_MASS = 0.0  # refuse when the options hold no representable mass: 1 - residual <= this (float64)
+REFUSAL_ODDS = 99.0  # refuse when residual > REFUSAL_ODDS * (1 - residual): the options hold < 1%
 PREDICATE_TEMPLATE = "\n\n{instructions}\nAnswer yes or no.\nAnswer:{?}"
 CHOICE_TEMPLATE = "\n\n{instructions}\n{lines}\nAnswer with the label of one option.\nAnswer:{?}"
 SCORE_TEMPLATE = "\n\n{instructions}\n{lines}\nAnswer with the number of one level.\nAnswer:{?}"
@@ -100,16 +102,33 @@ def question_queries(index: int, question) -> tuple[list[Query], list[tuple[int,
     return queries, orders
 
 
+def _limit_message(error: ValidationError, asked_as: str, fix: str) -> str:
+    first = error.errors()[0]
+    where = ".".join([asked_as, *(str(part) for part in first["loc"])])
+    return f"past a request limit once asked ({where}: {first['msg']}); {fix} (docs/decisions.md)"
+
+
 def decision_request(create: DecisionCreate, workloads: dict[str, float | None]) -> DecisionPlan:
-    """Every question (and ordering) a query of one ScoringRequest over the input's messages."""
+    """Every question (and ordering) a query of one ScoringRequest over the input's messages.
+    A question whose rendered query passes a request limit (e.g. 255 long choices listed in one
+    template) is a DecisionFormatError naming it; so is a request whose queries together do."""
     all_queries, ids, orders = [], [], []
     for index, question in enumerate(create.questions):
         if question.workload is not None and question.workload not in workloads:
             raise DecisionFormatError(f"questions.{index}.workload",
                                       f"unknown workload {question.workload!r}; configured: {sorted(workloads)}")
-        queries, question_orders = question_queries(index, question)
+        try:
+            queries, question_orders = question_queries(index, question)
+        except ValidationError as error:
+            raise DecisionFormatError(f"questions.{index}", _limit_message(
+                error, "query", "shorten its instructions, choices or descriptions")) from None
         all_queries += queries
         ids.append([q.id for q in queries])
         orders.append(question_orders)
-    request = ScoringRequest(model=create.model, messages=messages(create), scoring=ScoringSpec(queries=all_queries))
+    try:
+        request = ScoringRequest(model=create.model, messages=messages(create),
+                                 scoring=ScoringSpec(queries=all_queries))
+    except ValidationError as error:
+        raise DecisionFormatError("questions", _limit_message(
+            error, "scoring", "ask fewer questions, choices or orderings per request")) from None
     return DecisionPlan(request, ids, orders)
