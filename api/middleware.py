@@ -1,6 +1,6 @@
 """Admission control before any body is read: 413 for large bodies, 429 past `max_queue`.
 
-    POST /v1/score | /v1/chat/completions | /v1/jobs | /v1/batches
+    POST /v1/score | /v1/chat/completions | /v1/decisions | /v1/jobs | /v1/batches
       Content-Length > max_body_bytes                -> 413 (a body streamed without a length
                                                         is counted and cut at the limit;
                                                         POST /v1/files: max_file_bytes)
@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from api.errors import REDIS_UNAVAILABLE, error_body, unavailable_reply
 from contract import queues
 
-ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/jobs", "/v1/batches")
+ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/decisions", "/v1/jobs", "/v1/batches")
 UPLOAD_PATH = "/v1/files"  # bodies up to max_file_bytes (plus the multipart framing), not max_body_bytes
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 

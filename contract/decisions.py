@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, model_validator
 
 from contract.protocol import ContentText, Text
 from contract.settings import LIMITS
@@ -26,6 +26,33 @@ UNSUPPORTED_ITEMS = ("function_call", "function_call_output", "custom_tool_call"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def one_of(tag: str, kinds: dict[str, Any]) -> Any:
+    """A union picked by the value of its `tag` field. Unlike a pydantic discriminated union, an
+    error's location names only fields ("questions.0.choices"), never the branch tried."""
+    adapters = {name: TypeAdapter(kind) for name, kind in kinds.items()}
+    union = Union[tuple(dict.fromkeys(kinds.values()))]  # noqa: UP007 - built at runtime
+
+    def validate(value: Any) -> Any:
+        chosen = adapters.get(value.get(tag)) if isinstance(value, dict) else None
+        if chosen is None:
+            given = repr(value.get(tag)) if isinstance(value, dict) else f"a {type(value).__name__}"
+            raise ValueError(f"{tag}: {given} is not one of {', '.join(map(repr, adapters))}")
+        return chosen.validate_python(value)
+
+    return Annotated[union, PlainValidator(validate, json_schema_input_type=union)]
+
+
+def text_or(text: Any, parts: Any) -> Any:
+    """A string, or a list of parts (the SDK's `str | Iterable[part]`), errors located as `one_of`'s."""
+    as_text, as_parts = TypeAdapter(text), TypeAdapter(parts)
+    union = Union[text, parts]  # noqa: UP007
+
+    def validate(value: Any) -> Any:
+        return (as_text if isinstance(value, str) else as_parts).validate_python(value)
+
+    return Annotated[union, PlainValidator(validate, json_schema_input_type=union)]
 
 
 class CacheBreakpoint(_Strict):
@@ -53,8 +80,8 @@ class RefusalPart(_Strict):
     refusal: ContentText
 
 
-UserPart = Annotated[Union[InputText, InputJson], Field(discriminator="type")]
-AssistantPart = Annotated[Union[OutputText, RefusalPart], Field(discriminator="type")]
+UserPart = one_of("type", {"input_text": InputText, "input_json": InputJson})
+AssistantPart = one_of("type", {"output_text": OutputText, "refusal": RefusalPart})
 
 
 class _Message(_Strict):
@@ -63,21 +90,22 @@ class _Message(_Strict):
 
 class UserMessage(_Message):
     role: Literal["user"]
-    content: ContentText | list[UserPart]
+    content: text_or(ContentText, list[UserPart])
 
 
 class SystemMessage(_Message):
     role: Literal["system", "developer"]
-    content: ContentText | list[InputText]
+    content: text_or(ContentText, list[InputText])
 
 
 class AssistantMessage(_Message):
     role: Literal["assistant"]
-    content: ContentText | list[AssistantPart]
+    content: text_or(ContentText, list[AssistantPart])
     phase: Literal["commentary", "final_answer"] | None = None
 
 
-InputMessage = Annotated[Union[UserMessage, SystemMessage, AssistantMessage], Field(discriminator="role")]
+InputMessage = one_of("role", {"user": UserMessage, "system": SystemMessage, "developer": SystemMessage,
+                               "assistant": AssistantMessage})
 
 
 class QuestionText(_Strict):
@@ -85,8 +113,8 @@ class QuestionText(_Strict):
     text: Text(LIMITS.max_template_chars)
 
 
-Instructions = Text(LIMITS.max_template_chars, min_chars=1) | list[Annotated[Union[QuestionText, InputJson],
-                                                                            Field(discriminator="type")]]
+Instructions = text_or(Text(LIMITS.max_template_chars, min_chars=1),
+                       list[one_of("type", {"input_text": QuestionText, "input_json": InputJson})])
 Workload = Text(LIMITS.max_id_chars, min_chars=1) | None  # extension: a SPINF_WORKLOADS name
 
 
@@ -139,7 +167,7 @@ class ScoreQuestion(_Question):
     levels: list[Level] = Field(min_length=2, max_length=MAX_NUM_LEVELS)
 
 
-Question = Annotated[Union[PredicateQuestion, ChoiceQuestion, ScoreQuestion], Field(discriminator="type")]
+Question = one_of("type", {"predicate": PredicateQuestion, "choice": ChoiceQuestion, "score": ScoreQuestion})
 
 
 class PromptCacheOptions(_Strict):
@@ -149,8 +177,8 @@ class PromptCacheOptions(_Strict):
 
 class DecisionCreate(_Strict):
     model: Text(LIMITS.max_id_chars)
-    input: Annotated[ContentText, Field(min_length=1)] | list[InputMessage] = Field(
-        max_length=LIMITS.max_messages)
+    input: text_or(Annotated[ContentText, Field(min_length=1)],
+                   Annotated[list[InputMessage], Field(min_length=1, max_length=LIMITS.max_messages)])
     questions: list[Question] = Field(min_length=1, max_length=MAX_NUM_QUESTIONS)
     prompt_cache_key: str | None = None  # accepted, ignored
     prompt_cache_options: PromptCacheOptions | None = None  # accepted, ignored

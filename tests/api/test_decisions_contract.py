@@ -1,0 +1,102 @@
+"""POST /v1/decisions before any worker (the app on a real Redis): what is admitted under the default
+limits (400 questions of 255 choices each), what is a 422 naming the field (never a 5xx), the 429 of
+admission, and the prompt format's labels past 26 choices."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from contract import queues
+from contract.decisions import DecisionCreate
+from prompt_packs.decision_format import PROMPT_FORMAT, decision_request, labels
+
+pytestmark = pytest.mark.redis
+
+PREDICATE = {"type": "predicate", "instructions": "Is it about billing?"}
+
+
+def _choice(num: int, value=lambda i: f"code {i}", **extra) -> dict:
+    return {"type": "choice", "instructions": "Which code?", "choices": [{"value": value(i)} for i in range(num)],
+            **extra}
+
+
+@pytest.fixture
+def client(make_settings, bearer):
+    with TestClient(create_app(make_settings(default_model="m", sync_timeout_s=0.2, max_queue=3)),
+                    raise_server_exceptions=False) as test_client:
+        test_client.headers.update(bearer("alice"))
+        yield test_client
+
+
+def _post(client, questions, **fields):
+    return client.post("/v1/decisions", json={"model": "m", "input": "hello", "questions": questions, **fields})
+
+
+def test_400_questions_of_255_choices_are_admitted_under_the_default_limits(client):
+    body = {"model": "m", "input": "I was charged twice.", "questions": [_choice(255) for _ in range(400)]}
+    plan = decision_request(DecisionCreate.model_validate(body), {})
+    assert len(plan.request.scoring.queries) == 400
+    assert all(len(q.options) == 255 for q in plan.request.scoring.queries)
+    response = _post(client, body["questions"])
+    assert response.status_code == 504, response.text  # validated and queued; no worker here answers it
+    assert int(client.app.state.redis.get(queues.QUEUED_ROWS_KEY)) == 1
+
+
+def test_requests_past_a_limit_once_asked_are_422s_naming_the_question(client):
+    long_values = _choice(255, value=lambda i: f"{i} " + "x" * 1000)  # 255 kB listed in one template
+    response = _post(client, [PREDICATE, long_values])
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "questions.1"
+    assert "65536" in response.json()["error"]["message"]
+    rotations = [_choice(255, orderings="rotations") for _ in range(5)]  # 5 x 255 orderings > 1024 queries
+    response = _post(client, rotations)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "questions", response.text
+    assert "1024" in response.json()["error"]["message"]
+    assert int(client.app.state.redis.get(queues.QUEUED_ROWS_KEY) or 0) == 0  # nothing queued
+
+
+@pytest.mark.parametrize(("questions", "fields", "param", "said"), [
+    ([PREDICATE] * 401, {}, "questions", "400"),
+    ([_choice(256)], {}, "questions.0.choices", "255"),
+    ([_choice(1)], {}, "questions.0.choices", "2"),
+    ([_choice(2, value=lambda i: "same")], {}, "questions.0.choices", "repeated"),
+    ([{"type": "score", "instructions": "How?", "levels": [{"label": str(i)} for i in range(11)]}], {},
+     "questions.0.levels", "10"),
+    ([PREDICATE], {"temperature": 1}, "temperature", "xtra"),
+    ([PREDICATE], {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input.0.content.0", "input_image"),
+    ([PREDICATE], {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]},
+     "input.0", "function_call"),
+    ([{**PREDICATE, "instructions": [{"type": "input_image", "image_url": "x"}]}], {},
+     "questions.0.instructions.0", "input_image"),
+    ([{**PREDICATE, "workload": "nope"}], {}, "questions.0.workload", "nope"),
+])
+def test_bad_bodies_are_422s_naming_the_field(client, questions, fields, param, said):
+    response = _post(client, questions, **fields)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"].startswith(param), error
+    assert said in error["message"], error
+
+
+def test_optional_params_of_the_sdk_are_accepted_and_ignored(client):
+    fields = {"prompt_cache_key": "k", "prompt_cache_options": {"mode": "explicit", "ttl": "30m"},
+              "safety_identifier": "user-1"}
+    assert _post(client, [PREDICATE], **fields).status_code == 504  # validated and queued
+    with_messages = [{"role": "developer", "content": "Be strict."},
+                     {"role": "user", "content": [{"type": "input_text", "text": "hi"},
+                                                  {"type": "input_json", "data": {"order": 17}}]},
+                     {"role": "assistant", "content": [{"type": "output_text", "text": "ok"}], "phase": "final_answer"}]
+    assert _post(client, [PREDICATE], input=with_messages).status_code == 504
+
+
+def test_admission_refuses_past_max_queue_before_reading_the_body(client):
+    statuses = [_post(client, [PREDICATE]).status_code for _ in range(5)]  # each leaves one row queued
+    assert statuses == [504] * 3 + [429] * 2
+
+
+def test_labels_are_letters_then_two_letters_distinct_up_to_255():
+    assert labels(3) == ["A", "B", "C"] and labels(26)[-1] == "Z"
+    many = labels(255)
+    assert many[:2] == ["AA", "AB"] and len(set(many)) == 255 and all(len(x) == 2 for x in many)
+    assert PROMPT_FORMAT == "decisions-v1"
