@@ -26,9 +26,11 @@ from contract.protocol import Message, Query, ScoringRequest, ScoringSpec
 from prompt_packs.orderings import LETTERS, choice_orders
 
 PROMPT_FORMAT = "decisions-v1"
+MAX_NAMED_CHOICE_CHARS = 64  # a longer value is answered by a label
 REFUSAL_ODDS = 99.0  # refuse when residual > REFUSAL_ODDS * (1 - residual): the options hold < 1%
 PREDICATE_TEMPLATE = "\n\n{instructions}\nAnswer yes or no.\nAnswer:{?}"
 CHOICE_TEMPLATE = "\n\n{instructions}\n{lines}\nAnswer with the label of one option.\nAnswer:{?}"
+NAMED_CHOICE_TEMPLATE = "\n\n{instructions}\nOptions:\n{lines}\nAnswer with one of the options.\nAnswer:{?}"
 SCORE_TEMPLATE = "\n\n{instructions}\n{lines}\nAnswer with the number of one level.\nAnswer:{?}"
 
 
@@ -91,15 +93,30 @@ def question_queries(index: int, question) -> tuple[list[Query], list[tuple[int,
         template = SCORE_TEMPLATE.replace("{instructions}", instructions).replace("{lines}", _escape(lines))
         options = [f" {i}" for i in range(len(question.levels))]
         return [Query(id=qid, template=template, options=options)], [tuple(range(len(options)))]
-    names = labels(len(question.choices))
     orders = choice_orders(len(question.choices), question.orderings)
+    named = answers_by_value(question)
+    names = labels(len(question.choices))
     queries = []
     for k, order in enumerate(orders):
         choices = [question.choices[c] for c in order]
-        lines = "\n".join(_line(n, value_text(c.value), c.description) for n, c in zip(names, choices, strict=True))
-        template = CHOICE_TEMPLATE.replace("{instructions}", instructions).replace("{lines}", _escape(lines))
-        queries.append(Query(id=qid if k == 0 else f"{qid}~o{k}", template=template, options=[" " + n for n in names]))
+        if named:
+            texts = [value_text(c.value) for c in choices]
+            lines = "\n".join(f"- {t}" + (f": {c.description}" if c.description else "") for t, c in zip(texts, choices))
+            template, options = NAMED_CHOICE_TEMPLATE, [" " + t for t in texts]
+        else:
+            lines = "\n".join(_line(n, value_text(c.value), c.description) for n, c in zip(names, choices, strict=True))
+            template, options = CHOICE_TEMPLATE, [" " + n for n in names]
+        template = template.replace("{instructions}", instructions).replace("{lines}", _escape(lines))
+        queries.append(Query(id=qid if k == 0 else f"{qid}~o{k}", template=template, options=options))
     return queries, orders
+
+
+def answers_by_value(question: ChoiceQuestion) -> bool:
+    """Whether the choices are answered by their own values (" billing") rather than labels: every
+    value's text is distinct, one line, and short (MAX_NAMED_CHOICE_CHARS)."""
+    texts = [value_text(c.value) for c in question.choices]
+    return len(set(texts)) == len(texts) and all(
+        t.strip() == t and "\n" not in t and len(t) <= MAX_NAMED_CHOICE_CHARS for t in texts)
 
 
 def _limit_message(error: ValidationError, asked_as: str, fix: str) -> str:

@@ -74,14 +74,17 @@ def test_one_question_of_each_type_through_the_sdk(live, bearer):
 
 
 def test_400_questions_and_255_choices(live):
-    questions = [{"type": "predicate", "instructions": f"Does it mention the number {i}?"} for i in range(399)]
-    questions.append({"type": "choice", "instructions": "Which code?", "choices": [{"value": f"c{i}"}
-                                                                                   for i in range(255)]})
-    _, decision = _create(live, questions)
+    questions = [{"type": "predicate", "instructions": f"Does it mention the number {i}?"} for i in range(398)]
+    named = [{"value": f"c{i}"} for i in range(255)]  # short distinct values: answered by value
+    labelled = [{"value": f"code {i}, " + "the long name of a code " * 3} for i in range(255)]  # labels AA..JU
+    questions += [{"type": "choice", "instructions": "Which code?", "choices": choices} for choices in (named, labelled)]
+    body, decision = _create(live, questions)
     assert len(decision.answers) == 400
-    last = decision.answers[-1]
-    assert last.type == "choice" and len(last.probabilities) == 255
-    assert abs(sum(p.probability for p in last.probabilities) - 1) < 1e-9
+    for answer, raw, options in zip(decision.answers[-2:], body["answers"][-2:], ([" c0", " c254"], [" AA", " JU"])):
+        assert answer.type == "choice" and len(answer.probabilities) == 255
+        assert abs(sum(p.probability for p in answer.probabilities) - 1) < 1e-9
+        assert [raw["spinf"]["options"][i] for i in (0, -1)] == options
+    assert [p.value for p in decision.answers[-1].probabilities] == [c["value"] for c in labelled]
 
 
 def test_unsupported_parts_and_unknown_fields_are_422s_naming_them(live):
@@ -89,7 +92,7 @@ def test_unsupported_parts_and_unknown_fields_are_422s_naming_them(live):
     with pytest.raises(openai.UnprocessableEntityError) as error:
         client.decisions.create(model=MODEL, questions=QUESTIONS[:1],
                                 input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
-    assert "input_image" in str(error.value)
+    assert "input_image" in str(error.value) and error.value.body["param"] == "input.0.content.0"
     with pytest.raises(openai.UnprocessableEntityError) as error:
         client.decisions.create(model=MODEL, questions=QUESTIONS[:1], input=INPUT, extra_body={"temp": 1})
     assert error.value.body["param"] == "temp"
