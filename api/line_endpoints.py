@@ -6,7 +6,7 @@
     /v1/score              the scoring contract itself, both ways
     /v1/chat/completions   a chat body with a `scoring` block (or `packs`) -> a chat.completion
     /v1/decisions          a Decisions API body (contract/decisions.py) -> a decision (prompt format
-                           decisions-v1: prompt_packs/decision_format.py, decision_answers.py)
+                           decisions-v2: prompt_packs/decision_format.py, decision_answers.py)
 
 An endpoint whose `to_body` needs the line's own body (`reads_body`) has it stored beside the
 job's rows until the batch is finalized. Pure functions of the body and the settings.

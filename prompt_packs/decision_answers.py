@@ -1,4 +1,4 @@
-"""Answers of a decisions request from its one ScoringResponse (prompt format decisions-v1).
+"""Answers of a decisions request from its one ScoringResponse (prompt format decisions-v2).
 
     (DecisionCreate, DecisionPlan, ScoringResponse) --read_decision--> the Decision body (dict)
       predicate: probability = p(" yes")

@@ -1,4 +1,4 @@
-"""The Decisions API's prompt format `decisions-v1`: a decisions request as ONE ScoringRequest, and back.
+"""The Decisions API's prompt format `decisions-v2`: a decisions request as ONE ScoringRequest, and back.
 
     DecisionCreate --decision_request--> DecisionPlan(request: ScoringRequest, queries per question)
         input (string or messages) -> the request's messages (read once: the trunk of the tree)
@@ -6,9 +6,11 @@
     ScoringResponse --read_decision--> Decision dict {answers, model, usage, system_fingerprint,
                                                       prompt_format, per answer `spinf`}
 
-decisions-v1 (docs/decisions.md): predicate -> " yes" / " no"; choice -> lettered lines
-"A) value: description" answered with " A", " B", ... (past 26 choices two letters "AA",
-"AB", ...); score -> numbered levels "0) label: description" answered with " 0" ... " 9".
+decisions-v2 (docs/decisions.md): predicate -> " yes" / " no"; choice -> "- value: description"
+lines answered with the values themselves (" billing") when they are short, one line and none
+a prefix of another (answers_by_value), else lettered lines "A) value: description" answered
+with " A", " B", ... (past 26 choices two letters "AA", "AB", ...); score -> numbered levels
+"0) label: description" answered with " 0" ... " 9".
 Refusal (docs/decisions.md): the mass the model puts off every option (`residual`) is more than
 REFUSAL_ODDS times the mass on the options, i.e. the options together hold under 1 / (1 +
 REFUSAL_ODDS) of the next-token mass; measured on fixtures/labelled/support.jsonl.
@@ -25,7 +27,7 @@ from contract.decisions import ChoiceQuestion, DecisionCreate, PredicateQuestion
 from contract.protocol import Message, Query, ScoringRequest, ScoringSpec
 from prompt_packs.orderings import LETTERS, choice_orders
 
-PROMPT_FORMAT = "decisions-v1"
+PROMPT_FORMAT = "decisions-v2"
 MAX_NAMED_CHOICE_CHARS = 64  # a longer value is answered by a label
 REFUSAL_ODDS = 99.0  # refuse when residual > REFUSAL_ODDS * (1 - residual): the options hold < 1%
 PREDICATE_TEMPLATE = "\n\n{instructions}\nAnswer yes or no.\nAnswer:{?}"
@@ -113,10 +115,12 @@ def question_queries(index: int, question) -> tuple[list[Query], list[tuple[int,
 
 def answers_by_value(question: ChoiceQuestion) -> bool:
     """Whether the choices are answered by their own values (" billing") rather than labels: every
-    value's text is distinct, one line, and short (MAX_NAMED_CHOICE_CHARS)."""
-    texts = [value_text(c.value) for c in question.choices]
-    return len(set(texts)) == len(texts) and all(
-        t.strip() == t and "\n" not in t and len(t) <= MAX_NAMED_CHOICE_CHARS for t in texts)
+    value's text is one short line (MAX_NAMED_CHOICE_CHARS) and none is a prefix of another (the
+    option " c1" would hold the mass of " c10"; the string "true" and the boolean true collide)."""
+    texts = sorted(value_text(c.value) for c in question.choices)
+    if any(t.strip() != t or "\n" in t or len(t) > MAX_NAMED_CHOICE_CHARS for t in texts):
+        return False
+    return not any(longer.startswith(shorter) for shorter, longer in zip(texts, texts[1:]))
 
 
 def _limit_message(error: ValidationError, asked_as: str, fix: str) -> str:

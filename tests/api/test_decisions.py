@@ -61,7 +61,7 @@ def test_one_question_of_each_type_through_the_sdk(live, bearer):
     assert [p.value for p in score.probabilities] == [0, 1, 2]
     assert score.score == pytest.approx(sum(p.value * p.probability for p in score.probabilities))
     assert decision.usage.input_tokens == decision.usage.total_tokens > 0 and decision.usage.output_tokens == 0
-    assert body["prompt_format"] == "decisions-v1" and body["system_fingerprint"]
+    assert body["prompt_format"] == "decisions-v2" and body["system_fingerprint"]
     # the same queries through /v1/score: the same floats, bit for bit
     plan = decision_request(DecisionCreate.model_validate({"model": MODEL, "input": INPUT,
                                                            "questions": QUESTIONS}), {})
@@ -75,12 +75,12 @@ def test_one_question_of_each_type_through_the_sdk(live, bearer):
 
 def test_400_questions_and_255_choices(live):
     questions = [{"type": "predicate", "instructions": f"Does it mention the number {i}?"} for i in range(398)]
-    named = [{"value": f"c{i}"} for i in range(255)]  # short distinct values: answered by value
+    named = [{"value": f"c{i:03d}"} for i in range(255)]  # short, none a prefix of another: answered by value
     labelled = [{"value": f"code {i}, " + "the long name of a code " * 3} for i in range(255)]  # labels AA..JU
     questions += [{"type": "choice", "instructions": "Which code?", "choices": choices} for choices in (named, labelled)]
     body, decision = _create(live, questions)
     assert len(decision.answers) == 400
-    for answer, raw, options in zip(decision.answers[-2:], body["answers"][-2:], ([" c0", " c254"], [" AA", " JU"])):
+    for answer, raw, options in zip(decision.answers[-2:], body["answers"][-2:], ([" c000", " c254"], [" AA", " JU"])):
         assert answer.type == "choice" and len(answer.probabilities) == 255
         assert abs(sum(p.probability for p in answer.probabilities) - 1) < 1e-9
         assert [raw["spinf"]["options"][i] for i in (0, -1)] == options

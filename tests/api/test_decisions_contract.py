@@ -99,4 +99,21 @@ def test_labels_are_letters_then_two_letters_distinct_up_to_255():
     assert labels(3) == ["A", "B", "C"] and labels(26)[-1] == "Z"
     many = labels(255)
     assert many[:2] == ["AA", "AB"] and len(set(many)) == 255 and all(len(x) == 2 for x in many)
-    assert PROMPT_FORMAT == "decisions-v1"
+    assert PROMPT_FORMAT == "decisions-v2"
+
+
+@pytest.mark.parametrize(("values", "options"), [
+    (["billing", "technical"], [" billing", " technical"]),  # short and distinct: the values themselves
+    (["c1", "c10"], [" A", " B"]),  # " c1" would hold the mass of " c10"
+    (["true", True], [" A", " B"]),  # the string and the boolean read alike
+    (["x" * 65, "y"], [" A", " B"]),  # past MAX_NAMED_CHOICE_CHARS
+    ([f"v{i:03d}" for i in range(255)], [f" v{i:03d}" for i in range(255)]),
+    ([f"value {i}" for i in range(27)], [" AA", " AB"] + [" " + a + b for a in "ABCDEFGHIJ" for b in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"][2:27]),
+])
+def test_choices_are_answered_by_value_or_by_label(values, options):
+    body = {"model": "m", "input": "hi", "questions": [{"type": "choice", "instructions": "Which?",
+                                                         "choices": [{"value": v} for v in values]}]}
+    [query] = decision_request(DecisionCreate.model_validate(body), {}).request.scoring.queries
+    assert query.options == options
+    by_value = options[0] == " " + str(values[0])
+    assert ("Options:\n- " in query.template) is by_value
