@@ -22,6 +22,15 @@ QUESTIONS = [
      "levels": [{"label": "low"}, {"label": "medium"}, {"label": "high", "description": "act now"}]},
 ]
 
+SCORE_EQUIVALENT = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": INPUT}], "scoring": {
+    "queries": [
+        {"id": "q0", "template": "\n\nIs the customer asking for a refund?\nAnswer yes or no.\nAnswer:{?}",
+         "options": [" yes", " no"]},
+        {"id": "q1", "template": "\n\nWhich queue should handle this message?\nA) billing: payments, charges, refunds\n"
+                                 "B) technical\nC) true\nD) true\nAnswer with the label of one option.\nAnswer:{?}",
+         "options": [" A", " B", " C", " D"]},  # "true" and true read alike: answered by label
+        {"id": "q2", "template": "\n\nHow urgent is it?\n0) low\n1) medium\n2) high: act now\n"
+                                 "Answer with the number of one level.\nAnswer:{?}", "options": [" 0", " 1", " 2"]}]}}
 
 MODEL = "smollm2-135m-instruct"  # a real small model: a random one puts no mass on the options (refusals)
 
@@ -62,15 +71,21 @@ def test_one_question_of_each_type_through_the_sdk(live, bearer):
     assert score.score == pytest.approx(sum(p.value * p.probability for p in score.probabilities))
     assert decision.usage.input_tokens == decision.usage.total_tokens > 0 and decision.usage.output_tokens == 0
     assert body["prompt_format"] == "decisions-v2" and body["system_fingerprint"]
-    # the same queries through /v1/score: the same floats, bit for bit
-    plan = decision_request(DecisionCreate.model_validate({"model": MODEL, "input": INPUT,
-                                                           "questions": QUESTIONS}), {})
-    direct = httpx.post(f"{live.base_url}/v1/score", json=plan.request.model_dump(mode="json", exclude_defaults=True),
-                        headers=bearer("alice"), timeout=120).json()
+    # the same queries through /v1/score, written out as docs/decisions.md shows them: the same floats
+    direct = httpx.post(f"{live.base_url}/v1/score", json=SCORE_EQUIVALENT, headers=bearer("alice"), timeout=120)
+    assert direct.status_code == 200, direct.text
+    direct = direct.json()
     p = {r["id"]: [o["p"] for o in r["combinations"][0]["options"]] for r in direct["results"]}
     assert predicate.probability == p["q0"][0]
     assert [x.probability for x in choice.probabilities] == p["q1"]
     assert [x.probability for x in score.probabilities] == p["q2"]
+    assert [a["spinf"]["p"][0] for a in body["answers"]] == [p["q0"], p["q1"], p["q2"]]
+    assert body["usage"]["input_tokens"] == sum(direct["usage"][k] for k in ("content_tokens", "question_tokens",
+                                                                             "option_tokens"))
+    # and the translator builds exactly that request
+    plan = decision_request(DecisionCreate.model_validate({"model": MODEL, "input": INPUT, "questions": QUESTIONS}),
+                            {})
+    assert plan.request.model_dump(mode="json", exclude_defaults=True) == SCORE_EQUIVALENT
 
 
 def test_400_questions_and_255_choices(live):
