@@ -1,13 +1,19 @@
 """POST /v1/decisions before any worker (the app on a real Redis): what is admitted under the default
 limits (400 questions of 255 choices each), what is a 422 naming the field (never a 5xx), the 429 of
-admission, and the prompt format's labels past 26 choices."""
+admission, the prompt format's options (by value, by label, labels past 26 choices) and the refusal rule
+on hand-built scoring responses."""
+
+import math
 
 import pytest
 from fastapi.testclient import TestClient
+from openai.types import Decision
 
 from api.app import create_app
 from contract import queues
 from contract.decisions import DecisionCreate
+from contract.protocol import ScoringResponse
+from prompt_packs.decision_answers import is_refusal, read_decision
 from prompt_packs.decision_format import PROMPT_FORMAT, decision_request, labels
 
 pytestmark = pytest.mark.redis
@@ -117,3 +123,27 @@ def test_choices_are_answered_by_value_or_by_label(values, options):
     assert query.options == options
     by_value = options[0] == " " + str(values[0])
     assert ("Options:\n- " in query.template) is by_value
+
+
+def _response(plan, residuals: list[float]) -> ScoringResponse:
+    results = []
+    for query, residual in zip(plan.request.scoring.queries, residuals, strict=True):
+        n = len(query.options)
+        options = [{"text": t, "logprob": math.log((1 - residual) / n), "p": 1 / n, "floor_p": 1 / n}
+                   for t in query.options]
+        results.append({"id": query.id, "combinations": [{"values": {}, "options": options, "residual": residual}]})
+    return ScoringResponse.model_validate({"id": "x", "model": "m", "system_fingerprint": "fp", "results": results,
+                                           "usage": {"content_tokens": 5, "question_tokens": 7, "option_tokens": 3}})
+
+
+def test_an_answer_is_a_refusal_when_the_options_hold_under_one_percent():
+    assert not is_refusal(0.98) and not is_refusal(0.99) and is_refusal(0.995)
+    questions = [PREDICATE, _choice(3), {"type": "score", "name": "s", "instructions": "How?",
+                                         "levels": [{"label": "low"}, {"label": "high"}]}]
+    create = DecisionCreate.model_validate({"model": "m", "input": "hi", "questions": questions})
+    plan = decision_request(create, {})
+    body = read_decision(create, plan, _response(plan, [0.5, 0.995, 0.999]), {})
+    decision = Decision.model_validate(body, strict=True)
+    assert [a.type for a in decision.answers] == ["predicate", "refusal", "refusal"]
+    assert decision.answers[2].name == "s" and body["answers"][1]["spinf"]["residual"] == [0.995]
+    assert decision.usage.input_tokens == 15 and decision.usage.output_tokens == 0
