@@ -17,7 +17,7 @@ from api.errors import install_error_handlers
 from api.metrics import make_metrics
 from api.middleware import AdmissionMiddleware
 from api.openapi import install_openapi
-from api.routes import batches, chat, decide, files, health, jobs, models, packs, score
+from api.routes import batches, chat, decide, decisions, files, health, jobs, models, packs, score
 from contract.settings import Settings, get_settings
 from jobstore.connections import async_client, sync_client
 from jobstore.redis_topology import uses_sentinel
@@ -37,7 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.keys_by_hash = {key.sha256.lower(): key for key in settings.api_keys}
     app.state.metrics = make_metrics(app.state.redis, settings)
     app.state.packs = PackRegistry.load(settings.pack_dirs)  # a malformed pack file fails here, named
-    for module in (health, models, score, chat, jobs, packs, decide, files, batches):
+    for module in (health, models, score, chat, jobs, packs, decide, decisions, files, batches):
         app.include_router(module.router)
     install_error_handlers(app)
     install_openapi(app, settings)  # every status, the bearer scheme, text bodies, limits

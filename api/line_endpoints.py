@@ -5,7 +5,8 @@
 
     /v1/score              the scoring contract itself, both ways
     /v1/chat/completions   a chat body with a `scoring` block (or `packs`) -> a chat.completion
-    /v1/decisions          registered with the Decisions API (see DECISIONS below)
+    /v1/decisions          a Decisions API body (contract/decisions.py) -> a decision (prompt format
+                           decisions-v2: prompt_packs/decision_format.py, decision_answers.py)
 
 An endpoint whose `to_body` needs the line's own body (`reads_body`) has it stored beside the
 job's rows until the batch is finalized. Pure functions of the body and the settings.
@@ -25,8 +26,11 @@ from api.routes.chat import (
     chat_scoring_request,
     completion_body,
 )
-from contract.protocol import ScoringRequest
+from contract.decisions import DecisionCreate
+from contract.protocol import ScoringRequest, ScoringResponse
 from contract.settings import Settings
+from prompt_packs.decision_answers import read_decision
+from prompt_packs.decision_format import DecisionFormatError, decision_request
 
 _FIELD_PREFIX_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
 
@@ -90,25 +94,21 @@ def _chat_body(body: dict | None, response: dict, settings: Settings) -> dict:
     return completion_body(response)
 
 
+def _decision_request(body: dict, settings: Settings) -> ScoringRequest:
+    try:
+        return decision_request(validated(DecisionCreate, body), settings.workloads).request
+    except DecisionFormatError as error:
+        raise BodyError(error.field, str(error).removeprefix(f"{error.field}: ")) from None
+
+
+def _decision_body(body: dict | None, response: dict, settings: Settings) -> dict:
+    """The line's own body again (its questions name the answers), as POST /v1/decisions answers it."""
+    create = DecisionCreate.model_validate(body)
+    plan = decision_request(create, settings.workloads)
+    return read_decision(create, plan, ScoringResponse.model_validate(response), settings.workloads)
+
+
 SCORE = LineEndpoint("/v1/score", _score_request, _score_body, shares_scoring=True)
 CHAT = LineEndpoint("/v1/chat/completions", _chat_request, _chat_body, shares_scoring=True)
-
-# DECISIONS: the Decisions API's translators (prompt_packs.decision_format.decision_request and
-# prompt_packs.decision_answers.read_decision, contract.decisions.DecisionCreate) register here:
-#
-#   def _decision_request(body, settings):
-#       try:
-#           return decision_request(validated(DecisionCreate, body), settings.workloads).request
-#       except DecisionFormatError as error:
-#           raise BodyError(error.field, str(error).removeprefix(f"{error.field}: ")) from None
-#
-#   def _decision_body(body, response, settings):
-#       create = DecisionCreate.model_validate(body)
-#       plan = decision_request(create, settings.workloads)
-#       return read_decision(create, plan, ScoringResponse.model_validate(response), settings.workloads
-#                            ).model_dump(mode="json", exclude_none=True)
-#
-#   DECISIONS = LineEndpoint("/v1/decisions", _decision_request, _decision_body, reads_body=True)
-#
-# and DECISIONS joins the tuple below.
-ENDPOINTS: dict[str, LineEndpoint] = {endpoint.url: endpoint for endpoint in (CHAT, SCORE)}
+DECISIONS = LineEndpoint("/v1/decisions", _decision_request, _decision_body, reads_body=True)
+ENDPOINTS: dict[str, LineEndpoint] = {endpoint.url: endpoint for endpoint in (CHAT, SCORE, DECISIONS)}

@@ -3,7 +3,7 @@
     /v1/*                                                -> 401 without a valid API key
     /metrics                                             -> 401/403 without the scrape token
                                                             (any API key when none is set)
-    POST /v1/score | /v1/chat/completions | /v1/decide | /v1/decide/shared | /v1/jobs | /v1/batches
+    POST /v1/score | /v1/chat/completions | /v1/decide | /v1/decide/shared | /v1/decisions | /v1/jobs | /v1/batches
       Content-Length > max_body_bytes                -> 413 (a body streamed without a length
                                                         is counted and cut at the limit;
                                                         POST /v1/files: max_file_bytes)
@@ -25,7 +25,8 @@ from api.deps import authenticate, authenticate_scraper
 from api.errors import REDIS_UNAVAILABLE, ApiError, error_body, unavailable_reply
 from contract import queues
 
-ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/decide", "/v1/decide/shared", "/v1/jobs", "/v1/batches")
+ADMITTED_PATHS = ("/v1/score", "/v1/chat/completions", "/v1/decide", "/v1/decide/shared", "/v1/decisions", "/v1/jobs",
+                  "/v1/batches")
 UPLOAD_PATH = "/v1/files"  # bodies up to max_file_bytes (plus the multipart framing), not max_body_bytes
 METRICS_PATH = "/metrics"
 MULTIPART_OVERHEAD_BYTES = 64 * 1024

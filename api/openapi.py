@@ -55,6 +55,7 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/chat/completions"): SYNC_STATUSES,
     ("post", "/v1/decide"): SYNC_STATUSES,
     ("post", "/v1/decide/shared"): SYNC_STATUSES,
+    ("post", "/v1/decisions"): SYNC_STATUSES,
     ("post", "/v1/jobs"): (403, 409, 422),  # 409: Idempotency-Key reused with another body
     ("get", "/v1/jobs/{job_id}/results"): (409, 503),  # 503: S3 unreadable
     ("post", "/v1/batches/{batch_id}/cancel"): (409,),

@@ -3,7 +3,8 @@
 
     corpus: a lone surrogate (JSON escape, and its CESU-8 bytes), a UTF-8 BOM, invalid UTF-8,
     NUL, a field past its limit, wrong types, broken JSON
-    routes: /v1/score, /v1/chat/completions, /v1/jobs, /v1/decide, /v1/decide/shared, /v1/batches, /v1/files
+    routes: /v1/score, /v1/chat/completions, /v1/jobs, /v1/decide, /v1/decide/shared, /v1/decisions,
+    /v1/batches, /v1/files
 Each valid body is first shown to pass validation (the control), so a refusal is the corpus's doing.
 """
 
@@ -28,6 +29,8 @@ BODIES = {  # @S@: the text under test (inside a JSON string); @T@ / @O@: a temp
                   b' {"id": "b", "description": "@O@"}]}',
     "/v1/decide/shared": b'{"state": "@S@", "decisions": [{"question": "Which @T@?", "options": [{"id": "a",'
                          b' "description": "one"}, {"id": "b", "description": "@O@"}]}]}',
+    "/v1/decisions": b'{"model": "m", "input": "@S@", "questions": [{"type": "choice", "instructions": "Which @T@?",'
+                     b' "choices": [{"value": "a"}, {"value": "@O@"}]}]}',
     "/v1/batches": b'{"input_file_id": "@FILE@", "endpoint": "/v1/score", "completion_window": "24h",'
                    b' "metadata": {"note": "@S@"}}',
 }

@@ -1,0 +1,149 @@
+"""POST /v1/decisions before any worker (the app on a real Redis): what is admitted under the default
+limits (400 questions of 255 choices each), what is a 422 naming the field (never a 5xx), the 429 of
+admission, the prompt format's options (by value, by label, labels past 26 choices) and the refusal rule
+on hand-built scoring responses."""
+
+import math
+
+import pytest
+from fastapi.testclient import TestClient
+from openai.types import Decision
+
+from api.app import create_app
+from contract import queues
+from contract.decisions import DecisionCreate
+from contract.protocol import ScoringResponse
+from prompt_packs.decision_answers import is_refusal, read_decision
+from prompt_packs.decision_format import PROMPT_FORMAT, decision_request, labels
+
+pytestmark = pytest.mark.redis
+
+PREDICATE = {"type": "predicate", "instructions": "Is it about billing?"}
+
+
+def _choice(num: int, value=lambda i: f"code {i}", **extra) -> dict:
+    return {"type": "choice", "instructions": "Which code?", "choices": [{"value": value(i)} for i in range(num)],
+            **extra}
+
+
+@pytest.fixture
+def client(make_settings, bearer):
+    with TestClient(create_app(make_settings(default_model="m", sync_timeout_s=0.2, max_queue=3)),
+                    raise_server_exceptions=False) as test_client:
+        test_client.headers.update(bearer("alice"))
+        yield test_client
+
+
+def _post(client, questions, **fields):
+    return client.post("/v1/decisions", json={"model": "m", "input": "hello", "questions": questions, **fields})
+
+
+def test_400_questions_of_255_choices_are_admitted_under_the_default_limits(client):
+    body = {"model": "m", "input": "I was charged twice.", "questions": [_choice(255) for _ in range(400)]}
+    plan = decision_request(DecisionCreate.model_validate(body), {})
+    assert len(plan.request.scoring.queries) == 400
+    assert all(len(q.options) == 255 for q in plan.request.scoring.queries)
+    response = _post(client, body["questions"])
+    assert response.status_code == 504, response.text  # validated and queued; no worker here answers it
+    assert int(client.app.state.redis.get(queues.QUEUED_ROWS_KEY)) == 1
+
+
+def test_requests_past_a_limit_once_asked_are_422s_naming_the_question(client):
+    long_values = _choice(255, value=lambda i: f"{i} " + "x" * 1000)  # 255 kB listed in one template
+    response = _post(client, [PREDICATE, long_values])
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "questions.1"
+    assert "65536" in response.json()["error"]["message"]
+    rotations = [_choice(255, orderings="rotations") for _ in range(5)]  # 5 x 255 orderings > 1024 queries
+    response = _post(client, rotations)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "questions", response.text
+    assert "1024" in response.json()["error"]["message"]
+    assert int(client.app.state.redis.get(queues.QUEUED_ROWS_KEY) or 0) == 0  # nothing queued
+
+
+@pytest.mark.parametrize(("questions", "fields", "param", "said"), [
+    ([PREDICATE] * 401, {}, "questions", "400"),
+    ([_choice(256)], {}, "questions.0.choices", "255"),
+    ([_choice(1)], {}, "questions.0.choices", "2"),
+    ([_choice(2, value=lambda i: "same")], {}, "questions.0.choices", "repeated"),
+    ([{"type": "score", "instructions": "How?", "levels": [{"label": str(i)} for i in range(11)]}], {},
+     "questions.0.levels", "10"),
+    ([PREDICATE], {"temperature": 1}, "temperature", "xtra"),
+    ([PREDICATE], {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input.0.content.0", "input_image"),
+    ([PREDICATE], {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]},
+     "input.0", "function_call"),
+    ([{**PREDICATE, "instructions": [{"type": "input_image", "image_url": "x"}]}], {},
+     "questions.0.instructions.0", "input_image"),
+    ([{**PREDICATE, "workload": "nope"}], {}, "questions.0.workload", "nope"),
+])
+def test_bad_bodies_are_422s_naming_the_field(client, questions, fields, param, said):
+    response = _post(client, questions, **fields)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"].startswith(param), error
+    assert said in error["message"], error
+
+
+def test_optional_params_of_the_sdk_are_accepted_and_ignored(client):
+    fields = {"prompt_cache_key": "k", "prompt_cache_options": {"mode": "explicit", "ttl": "30m"},
+              "safety_identifier": "user-1"}
+    assert _post(client, [PREDICATE], **fields).status_code == 504  # validated and queued
+    with_messages = [{"role": "developer", "content": "Be strict."},
+                     {"role": "user", "content": [{"type": "input_text", "text": "hi"},
+                                                  {"type": "input_json", "data": {"order": 17}}]},
+                     {"role": "assistant", "content": [{"type": "output_text", "text": "ok"}], "phase": "final_answer"}]
+    assert _post(client, [PREDICATE], input=with_messages).status_code == 504
+
+
+def test_admission_refuses_past_max_queue_before_reading_the_body(client):
+    statuses = [_post(client, [PREDICATE]).status_code for _ in range(5)]  # each leaves one row queued
+    assert statuses == [504] * 3 + [429] * 2
+
+
+def test_labels_are_letters_then_two_letters_distinct_up_to_255():
+    assert labels(3) == ["A", "B", "C"] and labels(26)[-1] == "Z"
+    many = labels(255)
+    assert many[:2] == ["AA", "AB"] and len(set(many)) == 255 and all(len(x) == 2 for x in many)
+    assert PROMPT_FORMAT == "decisions-v2"
+
+
+@pytest.mark.parametrize(("values", "options"), [
+    (["billing", "technical"], [" billing", " technical"]),  # short and distinct: the values themselves
+    (["c1", "c10"], [" A", " B"]),  # " c1" would hold the mass of " c10"
+    (["true", True], [" A", " B"]),  # the string and the boolean read alike
+    (["x" * 65, "y"], [" A", " B"]),  # past MAX_NAMED_CHOICE_CHARS
+    ([f"v{i:03d}" for i in range(255)], [f" v{i:03d}" for i in range(255)]),
+    ([f"value {i}" for i in range(27)], [" AA", " AB"] + [" " + a + b for a in "ABCDEFGHIJ" for b in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"][2:27]),
+])
+def test_choices_are_answered_by_value_or_by_label(values, options):
+    body = {"model": "m", "input": "hi", "questions": [{"type": "choice", "instructions": "Which?",
+                                                         "choices": [{"value": v} for v in values]}]}
+    [query] = decision_request(DecisionCreate.model_validate(body), {}).request.scoring.queries
+    assert query.options == options
+    by_value = options[0] == " " + str(values[0])
+    assert ("Options:\n- " in query.template) is by_value
+
+
+def _response(plan, residuals: list[float]) -> ScoringResponse:
+    results = []
+    for query, residual in zip(plan.request.scoring.queries, residuals, strict=True):
+        n = len(query.options)
+        options = [{"text": t, "logprob": math.log((1 - residual) / n), "p": 1 / n, "floor_p": 1 / n}
+                   for t in query.options]
+        results.append({"id": query.id, "combinations": [{"values": {}, "options": options, "residual": residual}]})
+    return ScoringResponse.model_validate({"id": "x", "model": "m", "system_fingerprint": "fp", "results": results,
+                                           "usage": {"content_tokens": 5, "question_tokens": 7, "option_tokens": 3}})
+
+
+def test_an_answer_is_a_refusal_when_the_options_hold_under_one_percent():
+    assert not is_refusal(0.98) and not is_refusal(0.99) and is_refusal(0.995)
+    questions = [PREDICATE, _choice(3), {"type": "score", "name": "s", "instructions": "How?",
+                                         "levels": [{"label": "low"}, {"label": "high"}]}]
+    create = DecisionCreate.model_validate({"model": "m", "input": "hi", "questions": questions})
+    plan = decision_request(create, {})
+    body = read_decision(create, plan, _response(plan, [0.5, 0.995, 0.999]), {})
+    decision = Decision.model_validate(body, strict=True)
+    assert [a.type for a in decision.answers] == ["predicate", "refusal", "refusal"]
+    assert decision.answers[2].name == "s" and body["answers"][1]["spinf"]["residual"] == [0.995]
+    assert decision.usage.input_tokens == 15 and decision.usage.output_tokens == 0
