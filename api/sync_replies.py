@@ -6,6 +6,7 @@ the job's record when the job of a 504 is polled (`GET /v1/jobs/{id}/results`).
     /v1/chat/completions ""                              chat.completion (routes.chat.completion_body)
     /v1/decide          the DecideRequest                {"object": "decision", ...}
     /v1/decide/shared   the SharedDecideRequest          {"object": "decision.list", ...}
+    /v1/decisions       the DecisionCreate               the Decision ({answers, model, usage, ...})
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from api.decisions import (
 )
 from api.errors import ApiError
 from api.routes.chat import completion_body
+from contract.decisions import DecisionCreate
+from contract.protocol import ScoringResponse
 from contract.settings import Settings
 from jobstore import records
+from prompt_packs import decision_answers, decision_format
 from prompt_packs.job_calibration import with_batch_columns
 
 
@@ -65,6 +69,12 @@ def shared_reply(body: SharedDecideRequest, response: dict, settings: Settings) 
     return {"object": "decision.list", "decisions": decisions, **envelope(response)}
 
 
+def decisions_reply(body: DecisionCreate, response: dict, settings: Settings) -> dict:
+    """The Decisions API's answer from the scoring response of its one read."""
+    plan = decision_format.decision_request(body, settings.workloads)
+    return decision_answers.read_decision(body, plan, ScoringResponse.model_validate(response), settings.workloads)
+
+
 def _score(reply_json: str, response: dict, context: ReplyContext) -> dict:
     priors_job = orjson.loads(reply_json).get("priors_from_job") if reply_json else None
     return score_reply(job_priors(context.r, priors_job, context.owner) if priors_job else None, response)
@@ -77,6 +87,8 @@ REPLIES: dict[str, Callable[[str, dict, ReplyContext], dict]] = {
         DecideRequest.model_validate_json(reply_json), response, context.settings),
     "/v1/decide/shared": lambda reply_json, response, context: shared_reply(
         SharedDecideRequest.model_validate_json(reply_json), response, context.settings),
+    "/v1/decisions": lambda reply_json, response, context: decisions_reply(
+        DecisionCreate.model_validate_json(reply_json), response, context.settings),
 }
 
 

@@ -7,10 +7,9 @@ from fastapi import APIRouter, Request
 from api.deps import KeyDep, SettingsDep
 from api.errors import ApiError
 from api.json_body import StrictJsonRoute
-from api.sync_calls import score_sync
+from api.sync_calls import score_sync, sync_call
+from api.sync_replies import decisions_reply
 from contract.decisions import DecisionCreate
-from contract.protocol import ScoringResponse
-from prompt_packs.decision_answers import read_decision
 from prompt_packs.decision_format import DecisionFormatError, decision_request
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -23,5 +22,5 @@ async def create_decision(request: Request, body: DecisionCreate, key: KeyDep, s
         plan = decision_request(body, settings.workloads)
     except DecisionFormatError as error:
         raise ApiError(422, str(error), param=error.field) from None
-    response = await score_sync(request, key, plan.request)
-    return read_decision(body, plan, ScoringResponse.model_validate(response), settings.workloads)
+    call = sync_call(request, plan.request, reply_json=body.model_dump_json(warnings=False))  # a poll of its job rebuilds the answers
+    return decisions_reply(body, await score_sync(request, key, plan.request, call), settings)

@@ -44,11 +44,11 @@ def small_engine():
 
 @pytest.fixture
 def live(make_settings, small_engine, live_service):
-    return live_service(make_settings(default_model=MODEL, sync_timeout_s=300), small_engine)
+    return live_service(make_settings(default_model=MODEL, sync_timeout_s=900), small_engine)  # 400 questions: minutes on a CPU
 
 
 def _sdk(live) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="sk-test-alice", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="sk-test-alice", max_retries=0, timeout=900)
 
 
 def _create(live, questions, input=INPUT) -> tuple[dict, Decision]:

@@ -97,7 +97,8 @@ def test_optional_params_of_the_sdk_are_accepted_and_ignored(client):
 
 
 def test_admission_refuses_past_max_queue_before_reading_the_body(client):
-    statuses = [_post(client, [PREDICATE]).status_code for _ in range(5)]  # each leaves one row queued
+    # distinct calls (an identical one would attach to the first's job), each leaves one row queued
+    statuses = [_post(client, [PREDICATE | {"instructions": f"Is it about topic {i}?"}]).status_code for i in range(5)]
     assert statuses == [504] * 3 + [429] * 2
 
 
