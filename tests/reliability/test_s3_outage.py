@@ -75,7 +75,11 @@ def test_a_dataset_job_ends_when_s3_dies_mid_job_and_the_worker_serves_the_next(
         assert "S3" in unreadable.json()["error"]["message"]
 
         weed.start()  # back, same data: the rows written before the outage are there
-        results = [orjson.loads(line) for line in client.get(f"/v1/jobs/{job_id}/results").content.splitlines()]
+        deadline = time.monotonic() + 60  # a store just started may answer 500 for a moment: a 503 to retry
+        while (back := client.get(f"/v1/jobs/{job_id}/results")).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert back.status_code == 200, back.text
+        results = [orjson.loads(line) for line in back.content.splitlines()]
     assert len(results) == NUM_ROWS
     scored = [row["custom_id"] for row in results if "response" in row]
     failed = [row for row in results if "error" in row]
