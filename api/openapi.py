@@ -145,9 +145,10 @@ def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     for name in ("DecideRequest", "DecisionSpec"):  # "all" orderings of at most 4; a configured workload
         schemas[name]["if"] = {"required": ["orderings"], "properties": {"orderings": {"const": "all"}}}
         schemas[name]["then"] = {"properties": {"options": {"maxItems": MAX_NUM_CHOICES_ALL}}}
-        if "workload" in schemas.get(name, {}).get("properties", {}):
+    for schema in schemas.values():  # /v1/decide's decisions, /v1/decisions' questions
+        if "workload" in schema.get("properties", {}):
             named = [{"enum": sorted(workloads)}] if workloads else []
-            schemas[name]["properties"]["workload"]["anyOf"] = [*named, {"type": "null"}]
+            schema["properties"]["workload"]["anyOf"] = [*named, {"type": "null"}]
     options = schemas["Query"]["properties"]["options"]  # distinct, none empty (whatever the slot)
     options["uniqueItems"] = True
     options["items"]["minLength"] = 1

@@ -35,7 +35,8 @@ def one_of(tag: str, kinds: dict[str, Any]) -> Any:
     union = Union[tuple(dict.fromkeys(kinds.values()))]  # noqa: UP007 - built at runtime
 
     def validate(value: Any) -> Any:
-        chosen = adapters.get(value.get(tag)) if isinstance(value, dict) else None
+        given_tag = value.get(tag) if isinstance(value, dict) else None
+        chosen = adapters.get(given_tag) if isinstance(given_tag, str) else None
         if chosen is None:
             given = repr(value.get(tag)) if isinstance(value, dict) else f"a {type(value).__name__}"
             raise ValueError(f"{tag}: {given} is not one of {', '.join(map(repr, adapters))}")

@@ -50,3 +50,17 @@ def test_a_job_naming_a_pack_twice_is_refused():
             "items": [{"custom_id": "a", "text": "x"}]}
     with pytest.raises(ValueError, match="named more than once"):
         JobCreate.model_validate(body)
+
+
+@pytest.mark.parametrize("workloads", [{}, {"support": 1.5, "triage": None}])
+def test_every_workload_field_is_the_configured_set(make_settings, workloads):
+    """/v1/decide's decisions and every /v1/decisions question type take `workload`: each is an
+    enum of the configured workloads (or null), so a schema-valid request never names one the
+    service refuses as unknown."""
+    with TestClient(create_app(make_settings(default_model="m", workloads=workloads))) as client:
+        schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    fields = {name: schema["properties"]["workload"] for name, schema in schemas.items()
+              if "workload" in schema.get("properties", {})}
+    assert {"DecideRequest", "DecisionSpec", "PredicateQuestion", "ChoiceQuestion", "ScoreQuestion"} <= set(fields)
+    named = [{"enum": sorted(workloads)}] if workloads else []
+    assert all(field["anyOf"] == [*named, {"type": "null"}] for field in fields.values()), fields

@@ -4,6 +4,7 @@ the route in /openapi.json with the sync statuses."""
 
 import typing
 
+import pydantic
 import pytest
 from openai.types import decision_create_params as params
 from openai.types import decision_input_text_param, shared_params
@@ -53,3 +54,12 @@ def test_the_route_is_in_openapi_with_the_sync_statuses():
 
     operation = create_app(Settings(redis_url="redis://127.0.0.1:1/0")).openapi()["paths"]["/v1/decisions"]["post"]
     assert {"401", "413", "422", "429", "504"} <= set(operation["responses"])
+
+
+@pytest.mark.parametrize("tag", [{}, [], 3, None, True, "Score"])
+def test_a_question_type_that_is_not_a_known_name_is_a_validation_error(tag):
+    """Any JSON value can arrive as `type`: an object or a list must be a 422 naming it, not a
+    TypeError (an unhashable dict looked up among the kinds was a 500)."""
+    body = {"input": "x", "questions": [{"type": tag, "instructions": "q", "levels": [{"label": "a"}, {"label": "b"}]}]}
+    with pytest.raises(pydantic.ValidationError, match="is not one of 'predicate', 'choice', 'score'"):
+        decisions.DecisionCreate.model_validate(body)
