@@ -31,7 +31,8 @@ MAX_RESPONSE_TIME_S = 120.0  # max_response_time's bound: a sync call on a loade
 CROSS_FIELD_RULES = (
     (r"queries\.\d+\.(template|values|options|calibrate|mode|beam_width|seed|temperature|max_tokens)\b",
      "a query's fields follow its template's grammar: the slot decides options and mode fields, each placeholder needs values"),
-    (r"duplicate (option id|decision id|query id)", "ids unique within a list of objects (uniqueItems compares whole items)"),
+    (r"duplicate (option id|decision id|query id)|choices: repeated value",
+     "ids or values unique within a list of objects (uniqueItems compares whole items)"),
     (r"custom_id .* repeats", "custom ids unique within a job's items"),
     (r"U\+0000 \(NUL\)|a lone surrogate", "plain text: a pattern on every text field stalls generation; surrogates are no regex"),
     (r"the queries ask \d+ |messages: the content is \d+ characters", "totals over several fields"),
