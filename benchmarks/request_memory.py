@@ -39,7 +39,14 @@ from contract.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS, LIMITS  # noqa: E4
 
 WORDS = ("refund", "order", "billing", "charged", "twice", "account", "delivery", "late", "please", "help")
 CASE_NAMES = ("max_content", "max_messages", "max_scored_options", "max_question_chars_words",
-              "max_question_chars_adversarial", "max_request_combinations")
+              "max_question_chars_adversarial", "max_request_combinations",
+              "max_read_tokens", "max_tokenized_tokens", "max_held_tokens")
+# the worker's token limits (RequestLimits.max_read/tokenized/held_tokens), each case sized with
+# SmolLM2's tokenizer (the llama family's) to sit just under its limit: checked by
+# tests/benchmarks/test_request_memory_cases.py
+TOKEN_CASES = {"max_read_tokens": (3_450, 2), "max_tokenized_tokens": (3_150, 7)}  # chars per question, options
+HELD_CONTENT_CHARS = 53_000  # max_held_tokens: a content near the 8,192-token context, 1,024 x 3 options
+SEVEN_OPTIONS = [" yes", " no", " maybe", " never", " always", " often", " rarely"]
 
 
 def _words(num_chars: int, rng: random.Random) -> str:
@@ -89,6 +96,14 @@ def case_body(name: str) -> dict:
                           values={"a": [f"topic {k}" for k in range(side)], "b": [f"area {k}" for k in range(side)]})
                    for i in range(num_queries)]
         return {"messages": [message], "scoring": {"queries": queries}}
+    if name in TOKEN_CASES:  # many long questions: what the passes read, what the tokenizer returns
+        num_chars, num_options = TOKEN_CASES[name]
+        queries = [_query(i, "\n" + _words(num_chars, rng), SEVEN_OPTIONS[:num_options]) for i in range(LIMITS.max_queries)]
+        return {"messages": [message], "scoring": {"queries": queries}}
+    if name == "max_held_tokens":  # a long content under every question's every option
+        content = _words(HELD_CONTENT_CHARS, rng)
+        queries = [_query(i, f"\nQuestion {i}?", SEVEN_OPTIONS[:3]) for i in range(LIMITS.max_queries)]
+        return {"messages": [{"role": "user", "content": content}], "scoring": {"queries": queries}}
     raise ValueError(f"unknown case {name!r}; cases: {', '.join(CASE_NAMES)}")
 
 
@@ -116,6 +131,7 @@ def _measure(name: str, family: str, context: int, out) -> None:
         engine = Engine(EngineConfig(model=str(checkpoint), device="cpu", dtype="float32",
                                      max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS))
     engine.score(ScoringRequest.model_validate(case_body("max_messages") | {"messages": [{"role": "user", "content": "hi"}]}))
+    budgets = _watch_budgets()
     request = ScoringRequest.model_validate(case_body(name))
     gc.collect()
     before = _rss_kib("VmRSS")
@@ -131,8 +147,25 @@ def _measure(name: str, family: str, context: int, out) -> None:
     except ValueError as error:  # what the worker writes as the row's error
         refused = str(error)[:200]
     seconds = time.perf_counter() - started
+    spent = {"tokens_tokenized": budgets[-1].num_tokenized, "tokens_held": budgets[-1].num_held} if budgets else {}
     out.put({"case": name, "rss_before_mib": before / 1024, "added_mib": (_rss_kib("VmHWM") - before) / 1024,
-             "seconds": seconds, "refused": refused, "timed_out_after_s": None, "tokens_read": num_tokens, **case_size(request)})
+             "seconds": seconds, "refused": refused, "timed_out_after_s": None, "tokens_read": num_tokens,
+             **spent, **case_size(request)})
+
+
+def _watch_budgets() -> list:
+    """The TokenBudget of each request the engine compiles from now on (what it counted)."""
+    from engine import engine as engine_module
+
+    budgets: list = []
+    made = engine_module.TokenBudget
+
+    def watched(*limits):
+        budgets.append(made(*limits))
+        return budgets[-1]
+
+    engine_module.TokenBudget = watched
+    return budgets
 
 
 def case_size(request) -> dict:
@@ -204,13 +237,18 @@ def markdown(result: dict) -> str:
     lines = [f"# Memory a request adds to a worker, at the default limits ({result['family']}, tiny random)", "",
              f"commit {result['commit']}, {result['date']}; `{result['command']}`; context {result['context_tokens']}"
              f" tokens, pass budget {result['max_num_batched_tokens']} tokens", "",
-             "| case | queries | messages | scored options | question chars | tokens read | seconds | added MiB | refused |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| case | queries | messages | scored options | question chars | tokens tokenized | tokens held"
+             " | tokens read | seconds | added MiB | refused |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in result["cases"]:
         lines.append(f"| {row['case']} | {row['num_queries']} | {row['num_messages']} | {row['scored_options']:,} |"
-                     f" {row['question_chars']:,} | {row['tokens_read'] or '-'} | {_seconds(row)} |"
-                     f" {row['added_mib']:.0f} | {(row['refused'] or '')[:80]} |")
+                     f" {row['question_chars']:,} | {_count(row.get('tokens_tokenized'))} | {_count(row.get('tokens_held'))} |"
+                     f" {_count(row['tokens_read'])} | {_seconds(row)} | {row['added_mib']:.0f} | {(row['refused'] or '')[:100]} |")
     return "\n".join(lines) + "\n"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def _seconds(row: dict) -> str:

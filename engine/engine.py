@@ -33,7 +33,7 @@ import orjson
 import torch
 
 from contract.protocol import ScoringRequest, ScoringResponse
-from contract.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from contract.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS, LIMITS
 from engine.extraction.decoder import BeamDecoder
 from engine.extraction.decoding import Extraction, SlotJob
 from engine.extraction.slots import SlotVocab
@@ -61,7 +61,7 @@ from engine.pipeline.stages import (
     TokenTree,
     TreeOwner,
 )
-from engine.pipeline.tokenize import Tokenize
+from engine.pipeline.tokenize import TokenBudget, Tokenize
 from engine.pipeline.tree import build_tree
 from engine.pipeline.warm_up import warm_up_batches
 from prompt_packs.registry import PackRegistry
@@ -179,7 +179,8 @@ class Engine:
             return RequestError("model", f"unknown model {request.model!r}; this engine serves {self.model_name!r}")
         try:
             expanded, packs = expand_request(request, self.packs)
-            compiled = compile_request(expanded, self.renderer, self.tokenize, packs)
+            budget = TokenBudget(LIMITS.max_tokenized_tokens, LIMITS.max_held_tokens)
+            compiled = compile_request(expanded, self.renderer, self.tokenize, packs, budget)
             for branch in compiled.branches:
                 if branch.slot is not None:
                     self.slot_vocab().check_serves(branch.slot.kind)
@@ -190,6 +191,13 @@ class Engine:
                 "messages",
                 f"the content with its longest question and option is {compiled.max_num_tokens} tokens;"
                 f" this model reads at most {self.max_context_tokens}: shorten the content",
+            )
+        num_read = len(compiled.tree.token_ids)
+        if num_read > LIMITS.max_read_tokens:
+            return RequestError(
+                "scoring.queries",
+                f"the request reads {num_read} tokens (its content once, every question and option past it); the"
+                f" limit max_read_tokens is {LIMITS.max_read_tokens}: ask fewer or shorter questions, or split the request",
             )
         num_floor_tokens = self._max_floor_tokens(compiled)
         if num_floor_tokens > self.max_context_tokens:

@@ -22,15 +22,30 @@ from contract.templates import OPTION_SLOT, expand_grid
 from engine.extraction.slots import SlotSpec, slot_spec
 from engine.pipeline.prompts import PromptError, PromptRenderer
 from engine.pipeline.stages import Branch, CompiledRequest, FloorKey
-from engine.pipeline.tokenize import Tokenize
+from engine.pipeline.tokenize import TokenBudget, TokenBudgetExceeded, Tokenize
+
+MIN_OPTIONS_READ_ONCE = 8  # a question with this many options or more,
+MIN_CHARS_READ_ONCE = 1024  # and this many characters or more, is tokenized once for all its options
 from engine.pipeline.tree import build_tree
 from prompt_packs.format import Pack
 
 
 def compile_request(
-    request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize, packs: list[Pack] | None = None
+    request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize, packs: list[Pack] | None = None,
+    budget: TokenBudget | None = None,
 ) -> CompiledRequest:
-    """`request` with its packs' questions already appended (pack_requests.expand_request); `packs`: those packs."""
+    """`request` with its packs' questions already appended (pack_requests.expand_request); `packs`: those packs.
+    `budget`: what tokenizing it may cost (a PromptError on `scoring.queries` past it)."""
+    try:
+        return _compile(request, renderer, tokenize, packs, budget)
+    except TokenBudgetExceeded as error:
+        raise PromptError("scoring.queries", str(error)) from None
+
+
+def _compile(
+    request: ScoringRequest, renderer: PromptRenderer, tokenize: Tokenize, packs: list[Pack] | None,
+    budget: TokenBudget | None,
+) -> CompiledRequest:
     prefixes: dict[tuple[str, bool], str] = {}
 
     def prefix(answer_in: str, is_floor: bool) -> str:
@@ -53,10 +68,15 @@ def compile_request(
     branches: list[Branch] = []
     for answer_in, items in pending.items():  # one tokenizer call per rendered prefix
         content = prefix(answer_in, False)
-        suffixes = [text for *_, filled, options, _ in items for text in (filled, *(filled + o for o in options))]
-        token_ids = iter(tokenize.continuations(content, suffixes))
-        for q, c, values, filled, options, key in items:
-            ids = [next(token_ids) for _ in range(len(options) + 1)]
+        read_once = [key is not None and _reads_question_once(filled, options) for *_, filled, options, key in items]
+        suffixes = [text for (*_, filled, options, _), once in zip(items, read_once, strict=True)
+                    for text in (filled, *(() if once else (filled + o for o in options)))]
+        token_ids = iter(tokenize.continuations(content, suffixes, budget))
+        long_questions = [(filled, options) for (*_, filled, options, _), once in zip(items, read_once) if once]
+        option_ids = iter(tokenize.option_continuations(content, *map(list, zip(*long_questions)), budget)
+                          if long_questions else ())
+        for (q, c, values, filled, options, key), once in zip(items, read_once, strict=True):
+            ids = [next(token_ids), *next(option_ids)] if once else [next(token_ids) for _ in range(len(options) + 1)]
             if key is None:
                 branches.append(slot_branch(q, c, values, content + filled, ids[0], slot_spec(queries[q])))
             else:
@@ -66,10 +86,21 @@ def compile_request(
     return CompiledRequest(request, branches, build_tree(branches), max_num_tokens, list(floor_keys), packs or [])
 
 
+def _reads_question_once(filled: str, options: list[str]) -> bool:
+    """A long question with many options: its options are tokenized as continuations of it
+    (Tokenize.option_continuations) rather than each with the whole question again."""
+    return len(options) >= MIN_OPTIONS_READ_ONCE and len(filled) >= MIN_CHARS_READ_ONCE
+
+
 def compile_floor(key: FloorKey, tokenize: Tokenize) -> Branch:
     """The floor of one (template, options) as a branch of its own tree."""
-    suffixes = [key.filled_template, *(key.filled_template + option for option in key.options)]
-    token_ids = tokenize.continuations(key.empty_prefix, suffixes)
+    filled, options = key.filled_template, list(key.options)
+    if _reads_question_once(filled, options):
+        [prompt_ids] = tokenize.continuations(key.empty_prefix, [filled])
+        [option_ids] = tokenize.option_continuations(key.empty_prefix, [filled], [options])
+        token_ids = [prompt_ids, *option_ids]
+    else:
+        token_ids = tokenize.continuations(key.empty_prefix, [filled, *(filled + option for option in options)])
     return make_branch(0, 0, {}, key.empty_prefix + key.filled_template, token_ids, None)
 
 

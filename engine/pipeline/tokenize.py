@@ -32,6 +32,8 @@ MIN_PREFIX_CHARS = 256  # shorter prefixes are tokenized whole: a cut would save
 MIN_TAIL_CHARS = 16  # the prefix tail tokenized again with every suffix is at least this long
 MAX_NUM_CANDIDATES = 64  # tokens tried, back from the end, before giving up on a cut
 MAX_NUM_SUFFIX_CUTS = 16384  # distinct suffixes whose cut and tail ids are kept (oldest dropped)
+MAX_SUFFIX_CUT_TOKENS = 1 << 20  # and at most this many tail ids kept, all kept suffixes together
+CHUNK_CHARS = 1 << 18  # suffixes are tokenized in calls of about this many characters
 SPACE_PIECE = "\u2581"  # SentencePiece's "▁": Gemma's normaliser writes it for " "
 # The pre-tokenizer regexes whose chunk boundaries are known to be stable (docs/tokenization.md).
 QWEN2_REGEX = (
@@ -112,71 +114,135 @@ class Tokenize:
     cut_suffixes: bool = True  # False: every suffix is tokenized with each prefix tail (benchmarks)
     rules: CutRules | None = field(init=False, repr=False, compare=False)  # None: never cut
     _suffix_cuts: dict = field(init=False, repr=False, compare=False)  # suffix -> SuffixCut | None
+    _num_suffix_cut_tokens: list = field(init=False, repr=False, compare=False)  # [tail ids kept in _suffix_cuts]
+    _inner: list = field(init=False, repr=False, compare=False)  # [the same without special tokens], made once
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", cut_rules(self.tokenizer))
         object.__setattr__(self, "_suffix_cuts", {})
+        object.__setattr__(self, "_num_suffix_cut_tokens", [0])
+        object.__setattr__(self, "_inner", [])
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
 
-    def continuations(self, prefix: str, suffixes: list[str]) -> list[list[int]]:
-        """tokenizer(prefix + suffix) for each suffix; the prefix is tokenized once."""
-        cut = self.find_cut(prefix) if suffixes else None
-        if cut is None and self.cut_suffixes and self.rules is not None and suffixes:
-            cut = Cut(self._lead(), 0)  # a short prefix: all tail
+    def continuations(self, prefix: str, suffixes: list[str], budget: TokenBudget | None = None) -> list[list[int]]:
+        """tokenizer(prefix + suffix) for each suffix; the prefix is tokenized once. With a
+        `budget`, the suffixes are tokenized CHUNK_CHARS at a time and every call is charged
+        to it (TokenBudgetExceeded at the first call past it)."""
+        cut = self._cut_for(prefix, budget) if suffixes else None
+        if budget is None:
+            return self._continuations(cut, prefix, suffixes)
+        results: list[list[int]] = []
+        for chunk in _chunks(suffixes, CHUNK_CHARS):
+            ids = self._continuations(cut, prefix, chunk, budget)
+            budget.held(ids)
+            results += ids
+        return results
+
+    def option_continuations(self, prefix: str, prompts: list[str], options: list[list[str]],
+                             budget: TokenBudget | None = None) -> list[list[list[int]]]:
+        """tokenizer(prefix + prompt + option) for each prompt's options, each prompt tokenized
+        once: a cut in the prefix (as `continuations`), then a second one in its tail + the
+        prompt, so an option costs a short tail, not its whole question (a question listing
+        255 choices is read once, not 255 times)."""
+        cut = self._cut_for(prefix, budget)
         if cut is None:
-            return self([prefix + suffix for suffix in suffixes])
+            return [self.continuations(prefix, [p + o for o in opts], budget) for p, opts in zip(prompts, options)]
+        inner, tail = self._without_lead(), prefix[cut.start :]
+        results = []
+        for prompt, opts in zip(prompts, options):
+            ids = [cut.head_ids + rest for rest in inner.continuations(tail + prompt, opts, budget)]
+            if budget is not None:
+                budget.hold(len(cut.head_ids) * len(ids))
+            results.append(ids)
+        return results
+
+    def _cut_for(self, prefix: str, budget: TokenBudget | None) -> Cut | None:
+        cut = self.find_cut(prefix, budget)
+        if cut is None and self.cut_suffixes and self.rules is not None:
+            cut = Cut(self._lead(), 0)  # a short prefix: all tail
+        return cut
+
+    def _without_lead(self) -> Tokenize:
+        """This tokenizer adding no special tokens (self, or one made once): for text inside a sequence."""
+        if not self.add_special_tokens:
+            return self
+        if not self._inner:
+            self._inner.append(Tokenize(self.tokenizer, add_special_tokens=False, cut_suffixes=self.cut_suffixes))
+        return self._inner[0]
+
+    def _continuations(self, cut: Cut | None, prefix: str, suffixes: list[str],
+                       budget: TokenBudget | None = None) -> list[list[int]]:
+        if cut is None:
+            ids = self([prefix + suffix for suffix in suffixes])
+            if budget is not None:
+                budget.tokenized(ids)
+            return ids
         tail = prefix[cut.start :]
-        splits = [self.suffix_cut(suffix) for suffix in suffixes] if self.cut_suffixes else [None] * len(suffixes)
+        splits = [self.suffix_cut(suffix, budget) for suffix in suffixes] if self.cut_suffixes else [None] * len(suffixes)
         junctions = list(dict.fromkeys((split.junction, split.sentinel) for split in splits if split is not None))
         whole = [index for index, split in enumerate(splits) if split is None]
         encoding = self.tokenizer([tail + j + sentinel for j, sentinel in junctions] + [tail + suffixes[i] for i in whole],
                                   add_special_tokens=False, return_offsets_mapping=bool(junctions))
         ids = encoding["input_ids"]
+        if budget is not None:
+            budget.tokenized(ids)
         heads = {key: _before(ids[n], encoding["offset_mapping"][n], len(tail) + len(key[0]))
                  for n, key in enumerate(junctions)}
         if any(head is None for head in heads.values()):  # a token across p: the rules should make this impossible
-            return self._without_suffix_cuts(cut, tail, suffixes)
+            return self._without_suffix_cuts(cut, tail, suffixes, budget)
         results = [None if split is None else cut.head_ids + heads[split.junction, split.sentinel] + split.tail_ids
                    for split in splits]
         for index, tail_ids in zip(whole, ids[len(junctions) :]):
             results[index] = cut.head_ids + tail_ids
         return results
 
-    def _without_suffix_cuts(self, cut: Cut, tail: str, suffixes: list[str]) -> list[list[int]]:
+    def _without_suffix_cuts(self, cut: Cut, tail: str, suffixes: list[str],
+                             budget: TokenBudget | None = None) -> list[list[int]]:
         tails = self.tokenizer([tail + suffix for suffix in suffixes], add_special_tokens=False)["input_ids"]
+        if budget is not None:
+            budget.tokenized(tails)
         return [cut.head_ids + ids for ids in tails]
 
-    def suffix_cut(self, suffix: str) -> SuffixCut | None:
+    def suffix_cut(self, suffix: str, budget: TokenBudget | None = None) -> SuffixCut | None:
         """Where `suffix` splits into a junction (tokenized with each prefix) and a tail
         (tokenized once, kept); None: it is tokenized whole with each prefix tail."""
-        cache = self._suffix_cuts
+        cache, num_tokens = self._suffix_cuts, self._num_suffix_cut_tokens
         if suffix not in cache:
-            if len(cache) >= MAX_NUM_SUFFIX_CUTS:
-                del cache[next(iter(cache))]
-            cache[suffix] = self._find_suffix_cut(suffix)
+            found = cache[suffix] = self._find_suffix_cut(suffix, budget)
+            num_tokens[0] += len(found.tail_ids) if found is not None else 0
+            while len(cache) > MAX_NUM_SUFFIX_CUTS or (num_tokens[0] > MAX_SUFFIX_CUT_TOKENS and len(cache) > 1):
+                dropped = cache.pop(next(iter(cache)))
+                num_tokens[0] -= len(dropped.tail_ids) if dropped is not None else 0
+            return found
         return cache[suffix]
 
-    def _find_suffix_cut(self, suffix: str) -> SuffixCut | None:
+    def _find_suffix_cut(self, suffix: str, budget: TokenBudget | None = None) -> SuffixCut | None:
         rules = self.rules
         p = next((p for p in range(1, len(suffix)) if rules.is_junction(suffix, p)), None) if rules else None
         if p is None:
             return None
         whole, tail = self.tokenizer([suffix, suffix[p:]], add_special_tokens=False)["input_ids"]
+        if budget is not None:
+            budget.tokenized([whole, tail])
         junction = self.tokenizer(suffix[: p + 1], add_special_tokens=False, return_offsets_mapping=True)
+        if budget is not None:
+            budget.tokenized([junction["input_ids"]])
         head = _before(junction["input_ids"], junction["offset_mapping"], p)
         if head is None or head + tail != whole:
             return None  # the rules should make this impossible; the suffix stays whole
         return SuffixCut(suffix[:p], suffix[p], tail)
 
-    def find_cut(self, prefix: str) -> Cut | None:
+    def find_cut(self, prefix: str, budget: TokenBudget | None = None) -> Cut | None:
         """The last safe cut at least `min_tail_chars` before the end, checked; None: none found."""
         rules = self.rules
         if rules is None or len(prefix) < MIN_PREFIX_CHARS:
             return None
         encoding = self.tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets, words = encoding["input_ids"], encoding["offset_mapping"], encoding.word_ids()
+        if budget is not None:
+            budget.tokenized([ids])
         last = len(ids) - 1
         while last > 0 and offsets[last][0] > len(prefix) - rules.min_tail_chars:
             last -= 1
@@ -193,6 +259,54 @@ class Tokenize:
 
     def _lead(self) -> list[int]:
         return list(self.rules.lead_ids) if self.add_special_tokens else []
+
+
+class TokenBudgetExceeded(ValueError):
+    """A request whose compiling would hold or tokenize more tokens than its TokenBudget allows."""
+
+
+@dataclass(slots=True)
+class TokenBudget:
+    """What compiling one request may cost, counted while it is tokenized (calls of about
+    CHUNK_CHARS characters, so a request over it stops at the call that crosses it):
+    `max_tokenized`: tokens the tokenizer returns (each is a new object, ~36 bytes held, and
+    ~100 bytes more inside the tokenizer during its call); `max_held`: tokens of every sequence
+    returned, content included (the content's ids are shared, 8 bytes each)."""
+
+    max_tokenized: int
+    max_held: int
+    num_tokenized: int = 0
+    num_held: int = 0
+
+    def tokenized(self, ids: list[list[int]]) -> None:
+        self.num_tokenized += sum(map(len, ids))
+        if self.num_tokenized > self.max_tokenized:
+            raise TokenBudgetExceeded(
+                f"compiling the request tokenizes more than {self.max_tokenized} tokens (the limit"
+                " max_tokenized_tokens: every option is tokenized with its question): ask fewer or shorter questions")
+
+    def held(self, ids: list[list[int]]) -> None:
+        self.hold(sum(map(len, ids)))
+
+    def hold(self, num_tokens: int) -> None:
+        self.num_held += num_tokens
+        if self.num_held > self.max_held:
+            raise TokenBudgetExceeded(
+                f"the request's sequences (content + question + option, each) are more than {self.max_held}"
+                " tokens together (the limit max_held_tokens): shorten the content or ask fewer questions")
+
+
+def _chunks(suffixes: list[str], num_chars: int) -> list[list[str]]:
+    """`suffixes` in order, in runs of about `num_chars` characters (at least one suffix each)."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for suffix in suffixes:
+        if chunks[-1] and size + len(suffix) > num_chars:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(suffix)
+        size += len(suffix)
+    return chunks
 
 
 def _before(ids: list[int], offsets: list, boundary: int) -> list[int] | None:
