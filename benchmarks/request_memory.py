@@ -44,7 +44,7 @@ CASE_NAMES = ("max_content", "max_messages", "max_scored_options", "max_question
 # the worker's token limits (RequestLimits.max_read/tokenized/held_tokens), each case sized with
 # SmolLM2's tokenizer (the llama family's) to sit just under its limit: checked by
 # tests/benchmarks/test_request_memory_cases.py
-TOKEN_CASES = {"max_read_tokens": (3_450, 2), "max_tokenized_tokens": (3_150, 7)}  # chars per question, options
+TOKEN_CASES = {"max_read_tokens": (3_450, 2), "max_tokenized_tokens": (1_000, 42)}  # chars per question, options
 HELD_CONTENT_CHARS = 53_000  # max_held_tokens: a content near the 8,192-token context, 1,024 x 3 options
 SEVEN_OPTIONS = [" yes", " no", " maybe", " never", " always", " often", " rarely"]
 
@@ -98,7 +98,8 @@ def case_body(name: str) -> dict:
         return {"messages": [message], "scoring": {"queries": queries}}
     if name in TOKEN_CASES:  # many long questions: what the passes read, what the tokenizer returns
         num_chars, num_options = TOKEN_CASES[name]
-        queries = [_query(i, "\n" + _words(num_chars, rng), SEVEN_OPTIONS[:num_options]) for i in range(LIMITS.max_queries)]
+        options = SEVEN_OPTIONS[:num_options] + [f" option {j}" for j in range(num_options - len(SEVEN_OPTIONS))]
+        queries = [_query(i, "\n" + _words(num_chars, rng), options) for i in range(LIMITS.max_queries)]
         return {"messages": [message], "scoring": {"queries": queries}}
     if name == "max_held_tokens":  # a long content under every question's every option
         content = _words(HELD_CONTENT_CHARS, rng)

@@ -160,7 +160,7 @@ class RequestLimits(BaseModel):
     max_custom_id_chars: int = 512  # a row's custom_id
     # checked by the worker while it tokenizes a request (an error row or a 422 on
     # `scoring.queries`): what a request may cost once tokens are known
-    max_tokenized_tokens: int = 4_194_304  # tokens the tokenizer returns (each option with its question)
+    max_tokenized_tokens: int = 8_388_608  # tokens the tokenizer returns (a short question's options each with it)
     max_held_tokens: int = 33_554_432  # tokens of every scored sequence (content + question + option), summed
     max_read_tokens: int = 524_288  # tokens of the request's tree: what its passes read (32 passes of 16,384)
 

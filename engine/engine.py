@@ -61,7 +61,8 @@ from engine.pipeline.stages import (
     TokenTree,
     TreeOwner,
 )
-from engine.pipeline.tokenize import TokenBudget, Tokenize
+from engine.pipeline.token_budget import TokenBudget
+from engine.pipeline.tokenize import Tokenize
 from engine.pipeline.tree import build_tree
 from engine.pipeline.warm_up import warm_up_batches
 from prompt_packs.registry import PackRegistry
@@ -125,7 +126,7 @@ class Engine:
         # CUDA: a small first pass, so the device starts while the CPU packs the next (full) one
         self.first_pass_tokens = FIRST_PASS_TOKENS if device.type == "cuda" else None
         self._warmed_up = False  # warm_up has run
-        self.dense_masks = device.type != "cuda"  # CUDA attention reads the trees' subtree ends instead
+        self.dense_masks = False  # attention reads the trees' subtree ends (CPU: mask rows made per block)
         self.floors = FloorCache(config.floor_cache_size)
         self.checkpoint_path = checkpoint.path
         self.system_fingerprint = fingerprint(checkpoint.weights_sha256, dtype, device, config.quantization)

@@ -4,7 +4,8 @@
 
 Every content's token tree occupies its own span of the packed stream, aligned to
 ROW_CHUNK. Inside a span a token sees its ancestors and itself (the tree mask); nothing
-crosses spans. On CPU each span runs its own SDPA with a boolean mask, so a content's
+crosses spans. On CPU each span runs its own SDPA with a boolean mask (its rows made per block of query rows
+from the subtree ends: no [n, n] mask is held), so a content's
 attention has the same shapes whatever it is packed with (batch invariance). On CUDA
 `engine.layers.attention_cuda.prepare_cuda_attention` turns the spans into a flex_attention block
 mask (`meta.block_mask`; for tree masks from the subtree ends alone, no [n, n] mask is
@@ -16,7 +17,9 @@ keeps the slots' prompt K/V per layer; on a decoding pass `meta.decode` replaces
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,14 +55,24 @@ class AttentionMetadata:
     decode: DecodeMetadata | None = None  # a decoding pass over kept K/V (replaces the spans)
 
 
-def span_mask(span: TreeSpan, sliding_window: int | None) -> torch.Tensor:
-    """The span's tree mask, narrowed to keys less than `sliding_window` positions back."""
-    if span.mask is None:
-        raise ValueError("this span has no dense mask: pack with dense_masks=True for CPU attention")
+def span_mask(span: TreeSpan, sliding_window: int | None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """Rows [start, stop) of the span's tree mask, narrowed to keys less than `sliding_window`
+    positions back: [stop - start, n] bool. Without a dense mask (the packer's tree mask, left
+    out), the rows are made from the subtree ends: row i sees column j when j <= i < end[j]."""
+    num_tokens = span.positions.shape[0]
+    stop = num_tokens if stop is None else stop
+    if span.mask is not None:
+        mask = span.mask[start:stop]
+    elif span.subtree_end is not None:
+        rows = torch.arange(start, stop)[:, None]
+        columns = torch.arange(num_tokens)[None, :]
+        mask = (columns <= rows) & (rows < torch.from_numpy(span.subtree_end).to(torch.long)[None, :])
+    else:
+        raise ValueError("this span has neither a dense mask nor subtree ends")
     if sliding_window is None:
-        return span.mask
-    distance = span.positions[:, None] - span.positions[None, :]  # [n, n]
-    return span.mask & (distance < sliding_window)
+        return mask
+    distance = span.positions[start:stop, None] - span.positions[None, :]  # [rows, n]
+    return mask & (distance < sliding_window)
 
 
 def tree_attention(
@@ -86,26 +99,28 @@ def tree_attention(
     out = torch.empty_like(q)
     for span in meta.spans:
         rows = slice(span.start, span.start + span.num_tokens)
-        mask = span_mask(span, sliding_window)
-        out[rows] = sdpa_in_row_blocks(q[rows], k[rows], v[rows], mask, scale)
+        out[rows] = sdpa_in_row_blocks(q[rows], k[rows], v[rows], partial(span_mask, span, sliding_window), scale)
     return out
 
 
-CPU_SCORES_PER_BLOCK = 1 << 24  # scores [Hq, rows, m] SDPA may hold at once on CPU (64 MiB of float32)
+CPU_SCORES_PER_BLOCK = 1 << 22  # scores [Hq, rows, m] SDPA may hold at once on CPU (16 MiB of float32;
+# SDPA holds several times that: a 16,384-token pass of 4 heads peaked 360 MiB higher at 1 << 24)
 
 
-def sdpa_in_row_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       scale: float) -> torch.Tensor:
+def sdpa_in_row_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       mask: torch.Tensor | Callable[[int, int], torch.Tensor], scale: float) -> torch.Tensor:
     """`sdpa` over blocks of query rows: CPU SDPA holds the whole [Hq, n, m] score matrix (a
     6,000-token span of 4 heads held 1.5 GB), a block of rows holds at most
     CPU_SCORES_PER_BLOCK. Each row's attention is its own (the same dot products, softmax and
     weighted sum), so the blocks' output is bit-identical to one call; the block size depends
-    only on the span, so batch invariance holds."""
+    only on the span, so batch invariance holds. `mask`: [n, m] bool, or (start, stop) -> its
+    rows, made per block (no [n, n] mask is held: a 16,384-token pass's is 256 MiB)."""
+    rows_of = mask if callable(mask) else lambda start, stop: mask[start:stop]
     num_rows = q.shape[0]
     block = max(1, CPU_SCORES_PER_BLOCK // (q.shape[1] * k.shape[0]))
     if block >= num_rows:
-        return sdpa(q, k, v, mask, scale)
-    return torch.cat([sdpa(q[start:start + block], k, v, mask[start:start + block], scale)
+        return sdpa(q, k, v, rows_of(0, num_rows), scale)
+    return torch.cat([sdpa(q[start:start + block], k, v, rows_of(start, min(start + block, num_rows)), scale)
                       for start in range(0, num_rows, block)])
 
 

@@ -4,7 +4,7 @@
                                    --quantize_linears_int8--> Linear.weight = Int8Weight
 
 Every `engine.layers.modules.Linear` inside the decoder layers is quantized: after loading these
-are the fused qkv_proj / gate_up_proj (models/common.py), so fp8 quantizes each shared input
+are the fused qkv_proj / gate_up_proj (layers/modules.py), so fp8 quantizes each shared input
 once per layer, and per-output-channel scales make a fused weight exactly the rows of the
 separately quantized ones. Quantize a loaded model, never before loading. The embedding and
 the LM head stay in the model dtype (the scores are read from the LM head, and it runs only

@@ -22,7 +22,8 @@ from contract.templates import OPTION_SLOT, expand_grid
 from engine.extraction.slots import SlotSpec, slot_spec
 from engine.pipeline.prompts import PromptError, PromptRenderer
 from engine.pipeline.stages import Branch, CompiledRequest, FloorKey
-from engine.pipeline.tokenize import TokenBudget, TokenBudgetExceeded, Tokenize
+from engine.pipeline.token_budget import TokenBudget, TokenBudgetExceeded
+from engine.pipeline.tokenize import Tokenize
 
 MIN_OPTIONS_READ_ONCE = 8  # a question with this many options or more,
 MIN_CHARS_READ_ONCE = 1024  # and this many characters or more, is tokenized once for all its options

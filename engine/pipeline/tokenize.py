@@ -28,12 +28,14 @@ import json
 import weakref
 from dataclasses import dataclass, field
 
+from engine.pipeline import token_budget
+from engine.pipeline.token_budget import TokenBudget, chunks
+
 MIN_PREFIX_CHARS = 256  # shorter prefixes are tokenized whole: a cut would save little
 MIN_TAIL_CHARS = 16  # the prefix tail tokenized again with every suffix is at least this long
 MAX_NUM_CANDIDATES = 64  # tokens tried, back from the end, before giving up on a cut
 MAX_NUM_SUFFIX_CUTS = 16384  # distinct suffixes whose cut and tail ids are kept (oldest dropped)
 MAX_SUFFIX_CUT_TOKENS = 1 << 20  # and at most this many tail ids kept, all kept suffixes together
-CHUNK_CHARS = 1 << 18  # suffixes are tokenized in calls of about this many characters
 SPACE_PIECE = "\u2581"  # SentencePiece's "▁": Gemma's normaliser writes it for " "
 # The pre-tokenizer regexes whose chunk boundaries are known to be stable (docs/tokenization.md).
 QWEN2_REGEX = (
@@ -134,7 +136,7 @@ class Tokenize:
         if budget is None:
             return self._continuations(cut, prefix, suffixes)
         results: list[list[int]] = []
-        for chunk in _chunks(suffixes, CHUNK_CHARS):
+        for chunk in chunks(suffixes, token_budget.CHUNK_CHARS):
             ids = self._continuations(cut, prefix, chunk, budget)
             budget.held(ids)
             results += ids
@@ -259,54 +261,6 @@ class Tokenize:
 
     def _lead(self) -> list[int]:
         return list(self.rules.lead_ids) if self.add_special_tokens else []
-
-
-class TokenBudgetExceeded(ValueError):
-    """A request whose compiling would hold or tokenize more tokens than its TokenBudget allows."""
-
-
-@dataclass(slots=True)
-class TokenBudget:
-    """What compiling one request may cost, counted while it is tokenized (calls of about
-    CHUNK_CHARS characters, so a request over it stops at the call that crosses it):
-    `max_tokenized`: tokens the tokenizer returns (each is a new object, ~36 bytes held, and
-    ~100 bytes more inside the tokenizer during its call); `max_held`: tokens of every sequence
-    returned, content included (the content's ids are shared, 8 bytes each)."""
-
-    max_tokenized: int
-    max_held: int
-    num_tokenized: int = 0
-    num_held: int = 0
-
-    def tokenized(self, ids: list[list[int]]) -> None:
-        self.num_tokenized += sum(map(len, ids))
-        if self.num_tokenized > self.max_tokenized:
-            raise TokenBudgetExceeded(
-                f"compiling the request tokenizes more than {self.max_tokenized} tokens (the limit"
-                " max_tokenized_tokens: every option is tokenized with its question): ask fewer or shorter questions")
-
-    def held(self, ids: list[list[int]]) -> None:
-        self.hold(sum(map(len, ids)))
-
-    def hold(self, num_tokens: int) -> None:
-        self.num_held += num_tokens
-        if self.num_held > self.max_held:
-            raise TokenBudgetExceeded(
-                f"the request's sequences (content + question + option, each) are more than {self.max_held}"
-                " tokens together (the limit max_held_tokens): shorten the content or ask fewer questions")
-
-
-def _chunks(suffixes: list[str], num_chars: int) -> list[list[str]]:
-    """`suffixes` in order, in runs of about `num_chars` characters (at least one suffix each)."""
-    chunks: list[list[str]] = [[]]
-    size = 0
-    for suffix in suffixes:
-        if chunks[-1] and size + len(suffix) > num_chars:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(suffix)
-        size += len(suffix)
-    return chunks
 
 
 def _before(ids: list[int], offsets: list, boundary: int) -> list[int] | None:

@@ -12,9 +12,11 @@ from transformers import AutoTokenizer
 from contract.protocol import ScoringRequest
 from contract.settings import LIMITS
 from engine.loading.loader import registry_tokenizer_dir
+from engine.pipeline import token_budget as budget_module
 from engine.pipeline import tokenize as tokenize_module
 from engine.pipeline.stages import RequestError
-from engine.pipeline.tokenize import TokenBudget, TokenBudgetExceeded, Tokenize
+from engine.pipeline.token_budget import TokenBudget, TokenBudgetExceeded
+from engine.pipeline.tokenize import Tokenize
 
 TOKENIZERS = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m")
 PREFIX = "<|im_start|>user\n" + "I was charged twice for September and nobody answers my emails. " * 8
@@ -36,7 +38,7 @@ def test_chunked_continuations_are_the_whole_strings_and_are_counted(name, monke
     tokenizer = _load(name)
     suffixes = _suffixes(300)
     whole = tokenizer([PREFIX + s for s in suffixes], add_special_tokens=False)["input_ids"]
-    monkeypatch.setattr(tokenize_module, "CHUNK_CHARS", 97)  # dozens of calls
+    monkeypatch.setattr(budget_module, "CHUNK_CHARS", 97)  # dozens of calls
     budget = TokenBudget(max_tokenized=10**9, max_held=10**9)
     assert Tokenize(tokenizer, add_special_tokens=False).continuations(PREFIX, suffixes, budget) == whole
     assert budget.num_held == sum(map(len, whole))
@@ -47,7 +49,7 @@ def test_chunked_continuations_are_the_whole_strings_and_are_counted(name, monke
 def test_a_request_past_its_budget_stops_at_the_chunk_that_crosses_it(limit, monkeypatch):
     tokenizer = _load("smollm2-135m-instruct")
     suffixes = _suffixes(2000)
-    monkeypatch.setattr(tokenize_module, "CHUNK_CHARS", 200)
+    monkeypatch.setattr(budget_module, "CHUNK_CHARS", 200)
     unbounded = TokenBudget(max_tokenized=10**9, max_held=10**9)
     Tokenize(tokenizer, add_special_tokens=False).continuations(PREFIX, suffixes, unbounded)
     total = {"max_tokenized": unbounded.num_tokenized, "max_held": unbounded.num_held}[limit]
