@@ -20,6 +20,7 @@ from api.deps import KeyDep
 from api.errors import ApiError
 from api.json_body import StrictJsonRoute
 from api.sync_calls import score_sync, sync_call
+from contract.decisions import text_or
 from contract.protocol import ContentText, Message, PackRef, ScoringRequest, ScoringSpec, Text
 from contract.settings import LIMITS
 
@@ -34,7 +35,8 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # name, tool fields: not used for scoring
     role: Literal["system", "developer", "user", "assistant"]
-    content: ContentText | Annotated[list[TextPart], Field(max_length=LIMITS.max_messages)]
+    # picked by type, so an error names the part at fault, not the string branch
+    content: text_or(ContentText, Annotated[list[TextPart], Field(max_length=LIMITS.max_messages)])
 
     def to_message(self) -> Message:
         text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
