@@ -142,7 +142,7 @@ def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     for name in ("ScoringRequest", "ChatRequest", "JobCreate"):
         named = schemas[name]["properties"]["packs"]  # a pack named twice is refused: each loaded pack once at most
         named["maxItems"] = min(named.get("maxItems", len(packs)), len(packs))
-    for name in ("DecideRequest", "DecisionSpec"):  # "all" orderings of at most 4; a configured workload
+    for name in ("DecideRequest", "DecisionSpec"):  # "all" orderings of at most 4
         schemas[name]["if"] = {"required": ["orderings"], "properties": {"orderings": {"const": "all"}}}
         schemas[name]["then"] = {"properties": {"options": {"maxItems": MAX_NUM_CHOICES_ALL}}}
     for schema in schemas.values():  # /v1/decide's decisions, /v1/decisions' questions

@@ -24,11 +24,11 @@ from engine.pipeline.prompts import PromptError, PromptRenderer
 from engine.pipeline.stages import Branch, CompiledRequest, FloorKey
 from engine.pipeline.token_budget import TokenBudget, TokenBudgetExceeded
 from engine.pipeline.tokenize import Tokenize
+from engine.pipeline.tree import build_tree
+from prompt_packs.format import Pack
 
 MIN_OPTIONS_READ_ONCE = 8  # a question with this many options or more,
 MIN_CHARS_READ_ONCE = 1024  # and this many characters or more, is tokenized once for all its options
-from engine.pipeline.tree import build_tree
-from prompt_packs.format import Pack
 
 
 def compile_request(
@@ -74,8 +74,8 @@ def _compile(
                     for text in (filled, *(() if once else (filled + o for o in options)))]
         token_ids = iter(tokenize.continuations(content, suffixes, budget))
         long_questions = [(filled, options) for (*_, filled, options, _), once in zip(items, read_once) if once]
-        option_ids = iter(tokenize.option_continuations(content, *map(list, zip(*long_questions)), budget)
-                          if long_questions else ())
+        option_ids = iter(tokenize.option_continuations(
+            content, [filled for filled, _ in long_questions], [options for _, options in long_questions], budget))
         for (q, c, values, filled, options, key), once in zip(items, read_once, strict=True):
             ids = [next(token_ids), *next(option_ids)] if once else [next(token_ids) for _ in range(len(options) + 1)]
             if key is None:

@@ -34,13 +34,18 @@ class TokenBudget:
     num_tokenized: int = 0
     num_held: int = 0
 
+    @classmethod
+    def unbounded(cls) -> TokenBudget:
+        """A budget that only counts (a compile without limits: floors, benchmarks)."""
+        return cls(max_tokenized=1 << 62, max_held=1 << 62)
+
     def tokenized(self, ids: list[list[int]]) -> None:
         self.num_tokenized += sum(map(len, ids))
         if self.num_tokenized > self.max_tokenized:
             raise TokenBudgetExceeded(
                 f"compiling the request tokenizes more than {self.max_tokenized} tokens (the limit"
-                " max_tokenized_tokens; an option of a question under 1,024 characters or 8 options is tokenized"
-                " with its whole question): ask fewer or shorter questions")
+                " max_tokenized_tokens; an option of a short question is tokenized with its whole question):"
+                " ask fewer or shorter questions")
 
     def held(self, ids: list[list[int]]) -> None:
         self.hold(sum(map(len, ids)))

@@ -118,12 +118,14 @@ class Tokenize:
     _suffix_cuts: dict = field(init=False, repr=False, compare=False)  # suffix -> SuffixCut | None
     _num_suffix_cut_tokens: list = field(init=False, repr=False, compare=False)  # [tail ids kept in _suffix_cuts]
     _inner: list = field(init=False, repr=False, compare=False)  # [the same without special tokens], made once
+    _last_cut: list = field(init=False, repr=False, compare=False)  # [prefix, its cut] of the last _cut_for
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", cut_rules(self.tokenizer))
         object.__setattr__(self, "_suffix_cuts", {})
         object.__setattr__(self, "_num_suffix_cut_tokens", [0])
         object.__setattr__(self, "_inner", [])
+        object.__setattr__(self, "_last_cut", [])
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=self.add_special_tokens)["input_ids"]
@@ -132,9 +134,8 @@ class Tokenize:
         """tokenizer(prefix + suffix) for each suffix; the prefix is tokenized once. With a
         `budget`, the suffixes are tokenized CHUNK_CHARS at a time and every call is charged
         to it (TokenBudgetExceeded at the first call past it)."""
+        budget = budget if budget is not None else TokenBudget.unbounded()
         cut = self._cut_for(prefix, budget) if suffixes else None
-        if budget is None:
-            return self._continuations(cut, prefix, suffixes)
         results: list[list[int]] = []
         for chunk in chunks(suffixes, token_budget.CHUNK_CHARS):
             ids = self._continuations(cut, prefix, chunk, budget)
@@ -148,6 +149,7 @@ class Tokenize:
         once: a cut in the prefix (as `continuations`), then a second one in its tail + the
         prompt, so an option costs a short tail, not its whole question (a question listing
         255 choices is read once, not 255 times)."""
+        budget = budget if budget is not None else TokenBudget.unbounded()
         cut = self._cut_for(prefix, budget)
         if cut is None:
             return [self.continuations(prefix, [p + o for o in opts], budget) for p, opts in zip(prompts, options)]
@@ -155,15 +157,20 @@ class Tokenize:
         results = []
         for prompt, opts in zip(prompts, options):
             ids = [cut.head_ids + rest for rest in inner.continuations(tail + prompt, opts, budget)]
-            if budget is not None:
-                budget.hold(len(cut.head_ids) * len(ids))
+            budget.hold(len(cut.head_ids) * len(ids))
             results.append(ids)
         return results
 
-    def _cut_for(self, prefix: str, budget: TokenBudget | None) -> Cut | None:
+    def _cut_for(self, prefix: str, budget: TokenBudget) -> Cut | None:
+        """The prefix's cut (`find_cut`, else all tail where cuts are allowed). The last one is
+        kept: a compile asks it for the same content from `continuations` and `option_continuations`."""
+        last = self._last_cut
+        if last and last[0] == prefix:
+            return last[1]
         cut = self.find_cut(prefix, budget)
         if cut is None and self.cut_suffixes and self.rules is not None:
             cut = Cut(self._lead(), 0)  # a short prefix: all tail
+        last[:] = [prefix, cut]
         return cut
 
     def _without_lead(self) -> Tokenize:
@@ -174,12 +181,10 @@ class Tokenize:
             self._inner.append(Tokenize(self.tokenizer, add_special_tokens=False, cut_suffixes=self.cut_suffixes))
         return self._inner[0]
 
-    def _continuations(self, cut: Cut | None, prefix: str, suffixes: list[str],
-                       budget: TokenBudget | None = None) -> list[list[int]]:
+    def _continuations(self, cut: Cut | None, prefix: str, suffixes: list[str], budget: TokenBudget) -> list[list[int]]:
         if cut is None:
             ids = self([prefix + suffix for suffix in suffixes])
-            if budget is not None:
-                budget.tokenized(ids)
+            budget.tokenized(ids)
             return ids
         tail = prefix[cut.start :]
         splits = [self.suffix_cut(suffix, budget) for suffix in suffixes] if self.cut_suffixes else [None] * len(suffixes)
@@ -188,8 +193,7 @@ class Tokenize:
         encoding = self.tokenizer([tail + j + sentinel for j, sentinel in junctions] + [tail + suffixes[i] for i in whole],
                                   add_special_tokens=False, return_offsets_mapping=bool(junctions))
         ids = encoding["input_ids"]
-        if budget is not None:
-            budget.tokenized(ids)
+        budget.tokenized(ids)
         heads = {key: _before(ids[n], encoding["offset_mapping"][n], len(tail) + len(key[0]))
                  for n, key in enumerate(junctions)}
         if any(head is None for head in heads.values()):  # a token across p: the rules should make this impossible
@@ -200,11 +204,9 @@ class Tokenize:
             results[index] = cut.head_ids + tail_ids
         return results
 
-    def _without_suffix_cuts(self, cut: Cut, tail: str, suffixes: list[str],
-                             budget: TokenBudget | None = None) -> list[list[int]]:
+    def _without_suffix_cuts(self, cut: Cut, tail: str, suffixes: list[str], budget: TokenBudget) -> list[list[int]]:
         tails = self.tokenizer([tail + suffix for suffix in suffixes], add_special_tokens=False)["input_ids"]
-        if budget is not None:
-            budget.tokenized(tails)
+        budget.tokenized(tails)
         return [cut.head_ids + ids for ids in tails]
 
     def suffix_cut(self, suffix: str, budget: TokenBudget | None = None) -> SuffixCut | None:
@@ -212,7 +214,7 @@ class Tokenize:
         (tokenized once, kept); None: it is tokenized whole with each prefix tail."""
         cache, num_tokens = self._suffix_cuts, self._num_suffix_cut_tokens
         if suffix not in cache:
-            found = cache[suffix] = self._find_suffix_cut(suffix, budget)
+            found = cache[suffix] = self._find_suffix_cut(suffix, budget if budget is not None else TokenBudget.unbounded())
             num_tokens[0] += len(found.tail_ids) if found is not None else 0
             while len(cache) > MAX_NUM_SUFFIX_CUTS or (num_tokens[0] > MAX_SUFFIX_CUT_TOKENS and len(cache) > 1):
                 dropped = cache.pop(next(iter(cache)))
@@ -220,17 +222,14 @@ class Tokenize:
             return found
         return cache[suffix]
 
-    def _find_suffix_cut(self, suffix: str, budget: TokenBudget | None = None) -> SuffixCut | None:
+    def _find_suffix_cut(self, suffix: str, budget: TokenBudget) -> SuffixCut | None:
         rules = self.rules
         p = next((p for p in range(1, len(suffix)) if rules.is_junction(suffix, p)), None) if rules else None
         if p is None:
             return None
         whole, tail = self.tokenizer([suffix, suffix[p:]], add_special_tokens=False)["input_ids"]
-        if budget is not None:
-            budget.tokenized([whole, tail])
         junction = self.tokenizer(suffix[: p + 1], add_special_tokens=False, return_offsets_mapping=True)
-        if budget is not None:
-            budget.tokenized([junction["input_ids"]])
+        budget.tokenized([whole, tail, junction["input_ids"]])
         head = _before(junction["input_ids"], junction["offset_mapping"], p)
         if head is None or head + tail != whole:
             return None  # the rules should make this impossible; the suffix stays whole
@@ -243,7 +242,7 @@ class Tokenize:
             return None
         encoding = self.tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets, words = encoding["input_ids"], encoding["offset_mapping"], encoding.word_ids()
-        if budget is not None:
+        if budget is not None:  # None: a caller outside a compile (a cut looked at alone)
             budget.tokenized([ids])
         last = len(ids) - 1
         while last > 0 and offsets[last][0] > len(prefix) - rules.min_tail_chars:
