@@ -61,7 +61,6 @@ from engine.pipeline.stages import (
     TokenTree,
     TreeOwner,
 )
-from engine.cpu_memory import bound_freed_memory
 from engine.pipeline.token_budget import TokenBudget
 from engine.pipeline.tokenize import Tokenize
 from engine.pipeline.tree import build_tree
@@ -114,8 +113,6 @@ class Engine:
         """Loads `config.model`, or serves an already loaded `checkpoint` (benchmarks, tests)."""
         self.config = config
         device = torch.device(_resolve_device(config.device))
-        if device.type == "cpu":
-            bound_freed_memory()  # engine/cpu_memory.py: a pass's freed tensors go back to the system
         dtype = _resolve_dtype(config.dtype, device)
         if checkpoint is None:
             checkpoint = load_checkpoint(config.model, dtype=dtype, device=str(device))

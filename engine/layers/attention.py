@@ -4,9 +4,9 @@
 
 Every content's token tree occupies its own span of the packed stream, aligned to
 ROW_CHUNK. Inside a span a token sees its ancestors and itself (the tree mask); nothing
-crosses spans. On CPU each span runs its own SDPA with a boolean mask (its rows made per block of query rows
-from the subtree ends: no [n, n] mask is held), so a content's
-attention has the same shapes whatever it is packed with (batch invariance). On CUDA
+crosses spans. On CPU each span runs SDPA per block of query rows, each block against only
+the keys its rows may see (span_block: found from the subtree ends, no [n, n] mask is held),
+so a content's attention has the same shapes whatever it is packed with (batch invariance). On CUDA
 `engine.layers.attention_cuda.prepare_cuda_attention` turns the spans into a flex_attention block
 mask (`meta.block_mask`; for tree masks from the subtree ends alone, no [n, n] mask is
 made), and `tree_attention` runs the compiled flex kernel.
@@ -55,24 +55,49 @@ class AttentionMetadata:
     decode: DecodeMetadata | None = None  # a decoding pass over kept K/V (replaces the spans)
 
 
-def span_mask(span: TreeSpan, sliding_window: int | None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+def span_mask(span: TreeSpan, sliding_window: int | None, start: int = 0, stop: int | None = None,
+              columns: torch.Tensor | None = None) -> torch.Tensor:
     """Rows [start, stop) of the span's tree mask, narrowed to keys less than `sliding_window`
-    positions back: [stop - start, n] bool. Without a dense mask (the packer's tree mask, left
-    out), the rows are made from the subtree ends: row i sees column j when j <= i < end[j]."""
+    positions back: [stop - start, n] bool, or [stop - start, len(columns)] for those columns
+    only. Without a dense mask (the packer's tree mask, left out), the rows are made from the
+    subtree ends: row i sees column j when j <= i < end[j]."""
     num_tokens = span.positions.shape[0]
     stop = num_tokens if stop is None else stop
+    columns = torch.arange(num_tokens) if columns is None else columns
     if span.mask is not None:
-        mask = span.mask[start:stop]
+        mask = span.mask[start:stop][:, columns]
     elif span.subtree_end is not None:
         rows = torch.arange(start, stop)[:, None]
-        columns = torch.arange(num_tokens)[None, :]
-        mask = (columns <= rows) & (rows < torch.from_numpy(span.subtree_end).to(torch.long)[None, :])
+        ends = torch.from_numpy(span.subtree_end).to(torch.long)[columns]
+        mask = (columns[None, :] <= rows) & (rows < ends[None, :])
     else:
         raise ValueError("this span has neither a dense mask nor subtree ends")
     if sliding_window is None:
         return mask
-    distance = span.positions[start:stop, None] - span.positions[None, :]  # [rows, n]
+    distance = span.positions[start:stop, None] - span.positions[columns][None, :]  # [rows, columns]
     return mask & (distance < sliding_window)
+
+
+def span_block(span: TreeSpan, sliding_window: int | None, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns rows [start, stop) of the span may see, and the rows' mask over them:
+    ([m] long, [stop - start, m] bool). With subtree ends they are found without a mask of the
+    whole row width: column j < stop is seen when end[j] > start (j's subtree reaches a row of
+    the block; in a tree that is start's ancestors and the block's own rows)."""
+    if span.mask is None and span.subtree_end is not None:
+        ends = torch.from_numpy(span.subtree_end[:stop]).to(torch.long)
+        columns = torch.nonzero(ends > start).squeeze(1)
+        mask = span_mask(span, sliding_window, start, stop, columns)
+        if sliding_window is None:
+            return columns, mask
+        return visible_columns(mask, columns)
+    return visible_columns(span_mask(span, sliding_window, start, stop))
+
+
+def visible_columns(mask: torch.Tensor, columns: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """mask [r, m] bool (over `columns`, else over 0..m-1) -> the columns some row sees, and the
+    mask narrowed to them."""
+    seen = torch.nonzero(mask.any(dim=0)).squeeze(1)
+    return (seen if columns is None else columns[seen]), mask[:, seen]
 
 
 def tree_attention(
@@ -99,29 +124,35 @@ def tree_attention(
     out = torch.empty_like(q)
     for span in meta.spans:
         rows = slice(span.start, span.start + span.num_tokens)
-        out[rows] = sdpa_in_row_blocks(q[rows], k[rows], v[rows], partial(span_mask, span, sliding_window), scale)
+        out[rows] = sdpa_in_row_blocks(q[rows], k[rows], v[rows], partial(span_block, span, sliding_window), scale)
     return out
 
 
-CPU_SCORES_PER_BLOCK = 1 << 22  # scores [Hq, rows, m] SDPA may hold at once on CPU (16 MiB of float32;
-# SDPA holds several times that: a 16,384-token pass of 4 heads peaked 360 MiB higher at 1 << 24)
+CPU_SCORES_PER_BLOCK = 1 << 24  # scores [Hq, rows, m] SDPA may hold at once on CPU (64 MiB of float32;
+# SDPA holds several buffers of that size. Above glibc's largest adaptive mmap threshold, 32 MiB,
+# so each block's buffers are unmapped when freed: tests/engine/test_cpu_memory.py)
 
 
 def sdpa_in_row_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       mask: torch.Tensor | Callable[[int, int], torch.Tensor], scale: float) -> torch.Tensor:
-    """`sdpa` over blocks of query rows: CPU SDPA holds the whole [Hq, n, m] score matrix (a
-    6,000-token span of 4 heads held 1.5 GB), a block of rows holds at most
-    CPU_SCORES_PER_BLOCK. Each row's attention is its own (the same dot products, softmax and
-    weighted sum), so the blocks' output is bit-identical to one call; the block size depends
-    only on the span, so batch invariance holds. `mask`: [n, m] bool, or (start, stop) -> its
-    rows, made per block (no [n, n] mask is held: a 16,384-token pass's is 256 MiB)."""
-    rows_of = mask if callable(mask) else lambda start, stop: mask[start:stop]
+                       block: torch.Tensor | Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+                       scale: float) -> torch.Tensor:
+    """`sdpa` over blocks of query rows, each against only the keys its rows may see. A tree
+    span's rows see their ancestors: a block of rows deep in a span of 400 questions sees the
+    content and its own questions, a few hundred of the span's 14,000 keys, so the block reads
+    those alone (a dense call over every key computes, then masks, all 14,000). Blocks bound
+    the memory too: a block holds at most CPU_SCORES_PER_BLOCK scores (a whole 6,000-token span
+    of 4 heads held 1.5 GB). The blocks and their columns depend only on the span, so a
+    content's attention is the same bits whatever it is packed with. `block`: the [n, m] bool
+    mask, or (start, stop) -> (columns, the rows' mask over them): span_block."""
+    block_of = block if callable(block) else lambda start, stop: visible_columns(block[start:stop])
     num_rows = q.shape[0]
-    block = max(1, CPU_SCORES_PER_BLOCK // (q.shape[1] * k.shape[0]))
-    if block >= num_rows:
-        return sdpa(q, k, v, rows_of(0, num_rows), scale)
-    return torch.cat([sdpa(q[start:start + block], k, v, rows_of(start, min(start + block, num_rows)), scale)
-                      for start in range(0, num_rows, block)])
+    rows = max(1, CPU_SCORES_PER_BLOCK // (q.shape[1] * k.shape[0]))
+    out = torch.empty_like(q)
+    for start in range(0, num_rows, rows):
+        stop = min(start + rows, num_rows)
+        columns, mask = block_of(start, stop)
+        out[start:stop] = sdpa(q[start:stop], k[columns], v[columns], mask, scale)
+    return out
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

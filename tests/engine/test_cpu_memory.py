@@ -1,6 +1,10 @@
-"""A CPU engine gives a pass's freed tensors back (engine/cpu_memory.py): in a fresh process,
-a request of four full 16,384-token passes (64 long questions and their floors) adds little to
-the peak RSS; with glibc left to raise its mmap threshold it adds several times more."""
+"""A CPU pass gives its large tensors back: in a fresh process, a request of four full
+16,384-token passes (64 long questions and their floors) adds under 300 MiB to the peak RSS.
+The bound holds because attention's score blocks (engine/layers/attention.py
+CPU_SCORES_PER_BLOCK, 64 MiB) are above the largest mmap threshold glibc's malloc adapts to
+(32 MiB): each is mapped and unmapped whole. Blocks of 16 MiB (`_added_mib(1 << 22)`) can come
+from the heap and stay there pass after pass: on one 2-core machine they added 1.7 GiB, on
+another 93 MiB, which is why the bound is asserted at the block size the engine uses."""
 
 import json
 import subprocess
@@ -12,21 +16,19 @@ import pytest
 pytestmark = pytest.mark.slow
 
 MEASURE = textwrap.dedent("""
-    import json, sys, tempfile
+    import json, random, sys, tempfile
     from pathlib import Path
-    import engine.engine as engine_module
+    import engine.layers.attention as attention
     from contract.protocol import ScoringRequest
     from engine.engine import Engine, EngineConfig
     from engine.testing.tiny import make_tiny_checkpoint
-    if sys.argv[1] == "unbounded":
-        engine_module.bound_freed_memory = lambda: False
+    attention.CPU_SCORES_PER_BLOCK = int(sys.argv[1])
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = make_tiny_checkpoint("llama", Path(folder) / "llama")
         config = checkpoint / "config.json"
         config.write_text(json.dumps(json.loads(config.read_text()) | {"max_position_embeddings": 8192}))
         engine = Engine(EngineConfig(model=str(checkpoint), device="cpu", dtype="float32", max_num_batched_tokens=16384))
     words = ("refund", "order", "billing", "charged", "twice", "account", "delivery", "late")
-    import random
     rng = random.Random(0)
     queries = [{"id": f"q{i}", "template": f"\\nQuestion {i}: " + " ".join(rng.choice(words) for _ in range(540)) + "{?}",
                 "options": [" yes", " no"]} for i in range(64)]
@@ -41,13 +43,16 @@ MEASURE = textwrap.dedent("""
 """)
 
 
-def _added_mib(mode: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", MEASURE, mode], capture_output=True, text=True, timeout=900, check=True)
+def _added_mib(scores_per_block: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(scores_per_block)],
+                          capture_output=True, text=True, timeout=900, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_cpu_engine_gives_freed_pass_memory_back():
-    bounded, unbounded = _added_mib("bounded"), _added_mib("unbounded")
-    assert bounded["read"] > 2 * 16384, bounded  # more than two full passes of questions (and as many floor tokens)
-    assert bounded["added_mib"] < 300, (bounded, unbounded)
-    assert unbounded["added_mib"] > 2 * bounded["added_mib"], (bounded, unbounded)
+def test_a_cpu_request_of_four_passes_adds_little_memory():
+    from engine.layers.attention import CPU_SCORES_PER_BLOCK
+
+    measured = _added_mib(CPU_SCORES_PER_BLOCK)
+    print(f"peak RSS added: {measured['added_mib']:.0f} MiB ({measured['read']} question tokens)")
+    assert measured["read"] > 2 * 16384, measured  # more than two full passes of questions (and as many floor tokens)
+    assert measured["added_mib"] < 300, measured
