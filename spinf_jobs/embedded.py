@@ -103,7 +103,7 @@ def make_worker(settings: Settings, engines: dict, name: str | None = None):
 class WorkerThread:
     """The embedded worker's thread: a worker whose `run` raises is logged and replaced by a new
     one (after `restart_delay_s`, doubling), at most `max_restarts` times; then the thread ends
-    and `is_alive` is False (`spinf-jobs serve` exits 1; `app.state.worker_alive` says so)."""
+    and `is_alive` is False (`spinf-jobs serve` exits 1)."""
 
     make_worker: Callable[[], object]
     max_restarts: int = 5
@@ -168,7 +168,6 @@ class EmbeddedService:
         self.worker_thread = WorkerThread(lambda: make_worker(self.settings, self.engines),
                                           max_restarts=self.max_worker_restarts).start()
         app = create_app(self.settings)
-        app.state.worker_alive = self.worker_alive  # for /health: False once the worker is dead for good
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.threads.append(threading.Thread(target=self.server.run, name="spinf-api", daemon=True))
