@@ -128,9 +128,9 @@ def tree_attention(
     return out
 
 
-CPU_SCORES_PER_BLOCK = 1 << 24  # scores [Hq, rows, m] SDPA may hold at once on CPU (64 MiB of float32;
-# SDPA holds several buffers of that size. Above glibc's largest adaptive mmap threshold, 32 MiB,
-# so each block's buffers are unmapped when freed: tests/engine/test_cpu_memory.py)
+CPU_SCORES_PER_BLOCK = 1 << 24  # scores [Hq, rows, n] a block of rows may hold on CPU (64 MiB of float32;
+# SDPA holds several buffers of that size; a block reading fewer keys holds less; the memory a pass
+# gives back: tests/engine/test_cpu_memory.py)
 
 
 def sdpa_in_row_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,10 +1,11 @@
 """A CPU pass gives its large tensors back: in a fresh process, a request of four full
 16,384-token passes (64 long questions and their floors) adds under 300 MiB to the peak RSS.
-The bound holds because attention's score blocks (engine/layers/attention.py
-CPU_SCORES_PER_BLOCK, 64 MiB) are above the largest mmap threshold glibc's malloc adapts to
-(32 MiB): each is mapped and unmapped whole. Blocks of 16 MiB (`_added_mib(1 << 22)`) can come
-from the heap and stay there pass after pass: on one 2-core machine they added 1.7 GiB, on
-another 93 MiB, which is why the bound is asserted at the block size the engine uses."""
+Attention's score blocks (engine/layers/attention.py CPU_SCORES_PER_BLOCK) hold at most 64 MiB
+of float32 each, less when a block's rows see few keys; glibc's malloc maps a buffer above its
+mmap threshold (adapting up to 32 MiB) and unmaps it when freed, and keeps smaller ones in the
+heap. When blocks read every key of the span at 16 MiB a block, the heap grew pass after pass:
+1.7 GiB on one 2-core machine, 93 MiB on another. The bound is asserted at the block size the
+engine uses."""
 
 import json
 import subprocess
