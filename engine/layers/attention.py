@@ -63,18 +63,20 @@ def span_mask(span: TreeSpan, sliding_window: int | None, start: int = 0, stop: 
     subtree ends: row i sees column j when j <= i < end[j]."""
     num_tokens = span.positions.shape[0]
     stop = num_tokens if stop is None else stop
-    columns = torch.arange(num_tokens) if columns is None else columns
+    every_column = columns is None
+    columns = torch.arange(num_tokens) if every_column else columns
     if span.mask is not None:
-        mask = span.mask[start:stop][:, columns]
+        mask = span.mask[start:stop] if every_column else span.mask[start:stop][:, columns]
     elif span.subtree_end is not None:
         rows = torch.arange(start, stop)[:, None]
-        ends = torch.from_numpy(span.subtree_end).to(torch.long)[columns]
+        ends = torch.from_numpy(span.subtree_end[columns.numpy()].astype(np.int64))  # only the columns' ends
         mask = (columns[None, :] <= rows) & (rows < ends[None, :])
     else:
         raise ValueError("this span has neither a dense mask nor subtree ends")
     if sliding_window is None:
         return mask
-    distance = span.positions[start:stop, None] - span.positions[columns][None, :]  # [rows, columns]
+    positions = span.positions if every_column else span.positions[columns]
+    distance = span.positions[start:stop, None] - positions[None, :]  # [rows, columns]
     return mask & (distance < sliding_window)
 
 
@@ -84,8 +86,7 @@ def span_block(span: TreeSpan, sliding_window: int | None, start: int, stop: int
     whole row width: column j < stop is seen when end[j] > start (j's subtree reaches a row of
     the block; in a tree that is start's ancestors and the block's own rows)."""
     if span.mask is None and span.subtree_end is not None:
-        ends = torch.from_numpy(span.subtree_end[:stop]).to(torch.long)
-        columns = torch.nonzero(ends > start).squeeze(1)
+        columns = torch.from_numpy(np.flatnonzero(span.subtree_end[:stop] > start))
         mask = span_mask(span, sliding_window, start, stop, columns)
         if sliding_window is None:
             return columns, mask
