@@ -150,7 +150,7 @@ class Tokenize:
         prompt, so an option costs a short tail, not its whole question (a question listing
         255 choices is read once, not 255 times)."""
         budget = budget if budget is not None else TokenBudget.unbounded()
-        cut = self._cut_for(prefix, budget)
+        cut = self._cut_for(prefix, budget) if prompts else None  # no prompts: the prefix is not tokenized
         if cut is None:
             return [self.continuations(prefix, [p + o for o in opts], budget) for p, opts in zip(prompts, options)]
         inner, tail = self._without_lead(), prefix[cut.start :]
