@@ -2,9 +2,9 @@
 
     python3 benchmarks/cpu_attention.py [--questions 400] [--content 45] [--question-tokens 36]
                                         [--heads 9 --kv-heads 3 --head-dim 64 --layers 30] [--repeats 3]
-      one content of --content tokens and --questions branches of --question-tokens tokens each
-      (400 x 36 + 45 = 14,445 tokens: the shape of tests/api/test_decisions.py's 400-question
-      request, one tree of 14,450 tokens), packed as the engine packs it (no dense mask), random
+      one content of --content tokens and --questions branches of --question-tokens tokens and
+      two one-token options each (45 + 400 x 37 = 14,845 tokens, a span of 14,848 rows: about the
+      shape of tests/api/test_decisions.py's 400-question request), packed as the engine packs it (no dense mask), random
       q/k/v of smollm2-135m's attention shape; per arm, in one process, the seconds of one layer's
       attention over the span (best of --repeats), in blocks of CPU_SCORES_PER_BLOCK scores:
         masked:  each block of query rows against all n keys, the rows' [rows, n] tree mask

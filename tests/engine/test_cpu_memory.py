@@ -3,9 +3,8 @@
 Attention's score blocks (engine/layers/attention.py CPU_SCORES_PER_BLOCK) hold at most 64 MiB
 of float32 each, less when a block's rows see few keys; glibc's malloc maps a buffer above its
 mmap threshold (adapting up to 32 MiB) and unmaps it when freed, and keeps smaller ones in the
-heap. When blocks read every key of the span at 16 MiB a block, the heap grew pass after pass:
-1.7 GiB on one 2-core machine, 93 MiB on another. The bound is asserted at the block size the
-engine uses."""
+heap, where they may stay after the pass. The bound is asserted at the block size the engine
+uses (`_added_mib` takes another, to compare)."""
 
 import json
 import subprocess
