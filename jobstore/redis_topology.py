@@ -11,8 +11,16 @@ sentinels for the current master at each (re)connection: after a failover its ne
 reconnects to the new master (redis-py's SentinelConnectionPool); a command cut by the switch
 raises ConnectionError (or ReadOnlyError from the demoted master) and is retried like any
 other connection error: unless the caller passes its own, a Sentinel client retries for up to
-FAILOVER_RETRY_S (a failover takes a few seconds). Redis Cluster is not supported: RQ needs multi-key commands on one
-node.
+FAILOVER_RETRY_S (a failover takes a few seconds).
+
+A connection opened before the failover still reaches the old master, which stays a master
+until Sentinel reconfigures it (seconds later): a write it took then would be lost. With
+`min-replicas-to-write 1` on the Redis servers (docs/deploy.md), the old master refuses writes
+once its replicas have left it (NOREPLICAS); `MasterConnection` treats that reply as
+redis-py treats READONLY: drop the connection, ask the sentinels again, retry the command
+(and its reconnection does ask them: redis-py's retry alone would reconnect to the old one).
+
+Redis Cluster is not supported: RQ needs multi-key commands on one node.
 """
 
 from __future__ import annotations
@@ -22,14 +30,58 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelManagedConnection
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from contract.settings import Settings
 
 
 FAILOVER_RETRY_S = 30.0  # about: 40 retries, backoff 0.05 s doubling to at most 1 s
+NO_REPLICAS_REPLY = "NOREPLICAS"  # a master with fewer good replicas than min-replicas-to-write
+
+
+def _master_lost_its_replicas(error: ResponseError) -> bool:
+    return str(error).startswith(NO_REPLICAS_REPLY)
+
+
+class MasterConnection(SentinelManagedConnection):
+    """A connection to the Sentinel master that takes a NOREPLICAS reply for a failover, and
+    asks the sentinels for the master whenever it reconnects: redis-py's own retry of a
+    command reconnects to the address it had (redis-py issue 3874)."""
+
+    def send_packed_command(self, command, check_health=True):
+        if not self._sock:
+            self.connect()
+        return super().send_packed_command(command, check_health)
+
+    def read_response(self, *args, **kwargs):
+        try:
+            return super().read_response(*args, **kwargs)
+        except ResponseError as error:
+            if not _master_lost_its_replicas(error):
+                raise
+            self.disconnect()
+            raise ConnectionError(f"the master refused a write, asking the sentinels again: {error}") from error
+
+
+class AsyncMasterConnection(AsyncSentinelManagedConnection):
+    """The asyncio `MasterConnection`."""
+
+    async def send_packed_command(self, command, check_health=True):
+        if not self.is_connected:
+            await self.connect()
+        return await super().send_packed_command(command, check_health)
+
+    async def read_response(self, *args, **kwargs):
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as error:
+            if not _master_lost_its_replicas(error):
+                raise
+            await self.disconnect()
+            raise ConnectionError(f"the master refused a write, asking the sentinels again: {error}") from error
 
 
 def _failover_retry(client_kwargs: dict, retry_class) -> dict:
@@ -58,7 +110,8 @@ def redis_client(settings: Settings, **client_kwargs) -> redis.Redis:
     """A sync client on the service's Redis (the Sentinel master when sentinels are set)."""
     if uses_sentinel(settings):
         sentinel = Sentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
-        return sentinel.master_for(settings.redis_sentinel_service, **_failover_retry(client_kwargs, Retry))
+        return sentinel.master_for(settings.redis_sentinel_service, connection_class=MasterConnection,
+                                   **_failover_retry(client_kwargs, Retry))
     if not settings.redis_url:
         raise ValueError("redis_url is empty and no redis_sentinels are set")
     return redis.Redis.from_url(settings.redis_url, **client_kwargs)
@@ -68,7 +121,8 @@ def async_redis_client(settings: Settings, **client_kwargs) -> aioredis.Redis:
     """The asyncio client on the same Redis as `redis_client`."""
     if uses_sentinel(settings):
         sentinel = AsyncSentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
-        return sentinel.master_for(settings.redis_sentinel_service, **_failover_retry(client_kwargs, AsyncRetry))
+        return sentinel.master_for(settings.redis_sentinel_service, connection_class=AsyncMasterConnection,
+                                   **_failover_retry(client_kwargs, AsyncRetry))
     if not settings.redis_url:
         raise ValueError("redis_url is empty and no redis_sentinels are set")
     return aioredis.Redis.from_url(settings.redis_url, **client_kwargs)
