@@ -2,7 +2,7 @@
 
     PassLog(engine) wraps engine.runner.launch and engine.score_batch (nothing else changes):
       per pass: {pass_id, tokens, launch, launched, gpu_start, gpu_end}   (time.time() seconds)
-      per tagged row (its last message starts with `[sync-<i>]`), arrivals during a batch too:
+      per tagged row (its last message starts with `[sync-<i>]`), rows that joined a batch too:
         i -> (pass ids, batch end), the last batch that scored it
     summary(passes, start, end): passes in [start, end], the median pass time, the time the
       GPU was busy / idle between passes there, the host's launch time per pass
@@ -58,15 +58,17 @@ class PassLog:
     def _wrap_score_batch(self, engine) -> None:
         score_batch = engine.score_batch
 
-        def logged(requests, while_waiting=None, on_result=None, arrivals=None):
-            items = list(requests)  # the batch's requests, then those that arrived during it
+        def logged(requests, while_waiting=None, on_result=None, arrivals=None, refill=None):
+            items = list(requests)  # the batch's requests, then those that joined it as it ran
 
-            def arrived():
-                new = arrivals()
-                items.extend(new)
-                return new
+            def joining(source):
+                def joined():
+                    new = source()
+                    items.extend(new)
+                    return new
+                return None if source is None else joined
 
-            output = score_batch(requests, while_waiting, on_result, arrived if arrivals is not None else None)
+            output = score_batch(requests, while_waiting, on_result, joining(arrivals), joining(refill))
             ended = time.time()
             for item, pass_ids in zip(items, output.pass_ids, strict=True):
                 request = getattr(item, "request", None)  # a compiled request carries its own (an error none)

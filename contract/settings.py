@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     # models the API accepts with no live worker (a queue-length autoscaler starts theirs on
     # demand); every other configured model without a live worker makes /health 503
     scale_to_zero_models: list[str] = Field(default_factory=list)
-    worker_batch_passes: int = Field(4, ge=1)  # a worker gathers rows for this many full passes per batch
+    worker_batch_passes: int = Field(4, ge=1)  # full passes of rows a worker gathers ahead of the stream it feeds
 
     # S3 (any S3-compatible endpoint)
     s3_endpoint_url: str | None = None

@@ -43,6 +43,7 @@ from engine.loading.model_registry import DEFAULT_MODEL
 from engine.loading.quantization import QUANTIZATION_RECIPES, quantize
 from engine.pipeline.compiler import compile_floor, compile_request
 from engine.pipeline.floors import DEFAULT_FLOOR_CACHE_SIZE, FloorCache
+from engine.pipeline.launch_clock import LaunchClock
 from engine.pipeline.pack_requests import PackRequestError, expand_request
 from engine.pipeline.packer import (
     leaky_tree_mask,
@@ -125,6 +126,7 @@ class Engine:
         self.runner = ModelRunner(checkpoint.model, device)
         # CUDA: a small first pass, so the device starts while the CPU packs the next (full) one
         self.first_pass_tokens = FIRST_PASS_TOKENS if device.type == "cuda" else None
+        self.launch_clock = LaunchClock()  # when to pack a pass that arrivals may join (CUDA)
         self._warmed_up = False  # warm_up has run
         self.dense_masks = False  # attention reads the trees' subtree ends (CPU: mask rows made per block)
         self.floors = FloorCache(config.floor_cache_size)
@@ -226,8 +228,9 @@ class Engine:
 
     def score_batch(
         self, compiled: list[CompiledRequest | RequestError], while_waiting: Callable[[], bool] | None = None,
-        on_result: Callable[[int, ScoringResponse, tuple[int, ...]], None] | None = None,
+        on_result: Callable[[int, ScoringResponse | RequestError, tuple[int, ...]], None] | None = None,
         arrivals: Callable[[], list[CompiledRequest | RequestError]] | None = None,
+        refill: Callable[[], list[CompiledRequest | RequestError]] | None = None,
     ) -> BatchOutput:
         """One result per item of `compile`, in order: a response, or the item's RequestError as
         it is. A compiled request is not changed, so it may be scored again. `while_waiting`: a
@@ -236,22 +239,30 @@ class Engine:
         step in progress, so steps should be short. It must not score on this engine. Not
         called on CPU. `on_result(i, response, pass_ids)`: item i's response is built (every
         pass it needed has run), before the batch's last pass: a worker settles a sync call
-        there, while the next pass runs, and counts a job's rows as they are scored.
+        there, while the next pass runs, and counts a job's rows as they are scored; a response
+        told so is not kept (None in the output: a batch fed by `refill` may go on for hours).
         `arrivals()`: requests that arrived since it was last called (a worker's sync calls),
         asked each time the packer is about to take the next request; they are packed before
         the rest (so they ride the next pass packed) and get the indices after the ones
-        before them, in `on_result` and in the output."""
+        before them, in `on_result` and in the output. `refill()`: asked when no request is
+        left to pack; what it returns is packed next, after the same rule's indices, so the
+        passes go on without a break (an empty list ends the batch; it is not asked once a
+        request with extraction slots is in, since slots are decoded after the last pass).
+        A RequestError is told through `on_result` as it is admitted. With either, on CUDA each
+        pass is packed late, near the end of the pass before it (engine/pipeline/launch_clock.py),
+        so that an arrival rides the pass after the one in flight."""
         with cyclic_gc_deferred():
-            return self._score_batch(list(compiled), while_waiting, on_result, arrivals)
+            return self._score_batch(list(compiled), while_waiting, on_result, arrivals, refill)
 
     def _score_batch(self, compiled: list[CompiledRequest | RequestError], while_waiting, on_result=None,
-                     arrivals=None) -> BatchOutput:
+                     arrivals=None, refill=None) -> BatchOutput:
         builder = self._response_builder(compiled, on_result)
         pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), pack)
-        batches = pack(self._trees(builder, arrivals), self.config.max_num_batched_tokens,
+        batches = pack(self._trees(builder, arrivals, refill), self.config.max_num_batched_tokens,
                        first_max_num_tokens=self.first_pass_tokens)
-        for batch, output in self.runner.run_all(batches, while_waiting):
+        clock = self.launch_clock if arrivals is not None or refill is not None else None
+        for batch, output in self.runner.run_all(batches, while_waiting, clock):
             builder.collect(batch, output)
             extraction.collect(batch, output)
         extraction.run(self.runner, self.config.max_num_batched_tokens)
@@ -286,18 +297,20 @@ class Engine:
         return self._packs
 
     def _trees(
-        self, builder: ResponseBuilder, arrivals: Callable[[], list[CompiledRequest | RequestError]] | None = None
+        self, builder: ResponseBuilder, arrivals: Callable[[], list[CompiledRequest | RequestError]] | None = None,
+        refill: Callable[[], list[CompiledRequest | RequestError]] | None = None,
     ) -> Iterator[tuple[TreeOwner, TokenTree]]:
         """Floors first (small; every request waits for its floors), then each request's tree;
-        before each request, what `arrivals` brings: its floors, then its trees, ahead of the rest."""
+        before each request, what `arrivals` brings: its floors, then its trees, ahead of the rest;
+        when none is left, what `refill` brings, the same way."""
         yield from self._floor_trees(builder.missing_floors())
         budget = self.config.max_num_batched_tokens
         waiting = deque(range(len(builder.compiled)))
         while True:
             if arrivals is not None and (arrived := arrivals()):
-                first = len(builder.compiled)
-                yield from self._floor_trees(builder.admit(arrived))
-                waiting.extendleft(reversed(range(first, first + len(arrived))))
+                yield from self._admit(builder, arrived, waiting)
+            if not waiting and refill is not None and not builder.has_slots and (more := refill()):
+                yield from self._admit(builder, more, waiting)
             if not waiting:
                 return
             index = waiting.popleft()
@@ -306,6 +319,13 @@ class Engine:
                 continue
             for tree in split_tree(request.tree, budget):
                 yield TreeOwner(index), tree
+
+    def _admit(self, builder: ResponseBuilder, arrived: list[CompiledRequest | RequestError],
+               waiting: deque[int]) -> Iterator[tuple[TreeOwner, TokenTree]]:
+        """Requests handed in during the batch: their floors now, their indices next in line."""
+        first = len(builder.compiled)
+        yield from self._floor_trees(builder.admit(arrived))
+        waiting.extendleft(reversed(range(first, first + len(arrived))))
 
     def _floor_trees(self, keys: list[FloorKey]) -> Iterator[tuple[TreeOwner, TokenTree]]:
         for key in keys:

@@ -252,9 +252,10 @@ def passes_in_flight(monkeypatch):
 
 
 class SlowEngine:
-    """A real engine whose every `score_batch` first sleeps `delay_s` (and `row_delay_s` after each
-    response it builds early), and whose worker takes one chunk per batch (its pass budget reads as
-    1 token): a job's chunks, and the rows of a chunk, settle one by one, slowly."""
+    """A real engine whose every `score_batch` first sleeps `delay_s`, as does each refill that
+    brings its stream another job (and `row_delay_s` after each response it builds early), and
+    whose worker takes one chunk at a time (its pass budget reads as 1 token): a job's chunks,
+    and the rows of a chunk, settle one by one, slowly."""
 
     def __init__(self, engine, delay_s: float, row_delay_s: float = 0.0):
         import dataclasses
@@ -264,7 +265,7 @@ class SlowEngine:
         self.row_delay_s = row_delay_s
         self.config = dataclasses.replace(engine.config, max_num_batched_tokens=1)
 
-    def score_batch(self, requests, while_waiting=None, on_result=None, arrivals=None):
+    def score_batch(self, requests, while_waiting=None, on_result=None, arrivals=None, refill=None):
         time.sleep(self.delay_s)
 
         def slowly(index: int, *built) -> None:
@@ -272,7 +273,12 @@ class SlowEngine:
             if on_result is not None:
                 on_result(index, *built)
 
-        return self._engine.score_batch(requests, while_waiting, slowly, arrivals)
+        def slow_refill():  # each job the stream takes on waits as a batch's would
+            time.sleep(self.delay_s)
+            return refill()
+
+        return self._engine.score_batch(requests, while_waiting, slowly, arrivals,
+                                        None if refill is None else slow_refill)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)

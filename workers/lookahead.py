@@ -4,7 +4,9 @@
                       | take and hold one more job of its model (Redis; S3 for a chunk stored there)
       -> held [HeldJob] (the first fixes `model`), num_tokens, is_full (num_tokens >= num_passes
          x the model's max_num_batched_tokens), is_drained (its queues were empty), is_closed
-    GreedyWorker: steps it in the GPU waits of the batch on the GPU, finishes it, scores `held`
+    GreedyWorker: steps it in the GPU waits of the batch on the GPU; when that batch runs out of
+      rows, take_ready() hands it the jobs counted so far (the passes go on); what is left when
+      the batch ends is finished and scored next
 
 Never blocks: taking a job pops it without waiting (`take`, the worker's). One step does one
 thing, so a GPU wait runs at most one step of host work past the pass it waits for.
@@ -72,6 +74,11 @@ class LookAhead:
         return self.num_tokens >= self.num_passes * self._engines[self.model].config.max_num_batched_tokens
 
     @property
+    def is_counting(self) -> bool:
+        """A held job has rows not counted yet."""
+        return bool(self._uncounted)
+
+    @property
     def is_done(self) -> bool:
         """Nothing left to do: closed, or every held row counted and either full or drained."""
         return self.is_closed or (not self._uncounted and (self.is_full or self.is_drained))
@@ -107,6 +114,16 @@ class LookAhead:
         """Count every row still uncounted (jobs added after the batch was full)."""
         while self._uncounted:
             self._count_next()
+
+    def take_ready(self) -> list[HeldJob]:
+        """Hand over the held jobs whose rows are all counted (to the batch on the GPU, which
+        ran out of rows), in the order taken; the others stay. It looks at its queues again."""
+        counting = {id(item) for item, _ in self._uncounted}
+        ready = [item for item in self.held if id(item) not in counting]
+        self.held = [item for item in self.held if id(item) in counting]
+        self.num_tokens -= sum(item.num_tokens for item in ready)
+        self.is_drained = False
+        return ready
 
     def close(self) -> None:
         self.is_closed = True

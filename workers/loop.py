@@ -3,11 +3,13 @@
     (start: Engine.warm_up, one pass of every padded size on CUDA)
     block for the first job (sync queues first) -> LookAhead: take more of that model's jobs
     without blocking until `worker_batch_passes` full pass budgets of rows are held -> one
-    engine.score_batch for every row taken (workers.tasks.score_rows), during which
-      sync calls queued meanwhile join it at its next packed pass (`_sync_arrivals`)
-      each held job is performed as soon as its last row is scored, while the next pass runs:
+    stream of passes for them (workers.stream: one engine.score_batch), during which
+      sync calls queued meanwhile join it at its next packed pass
+      when it runs out of rows, the jobs the next LookAhead holds ready join it, so the passes
+      go on without a break while there is work
+      each job is performed as soon as its last row is scored, while the next pass runs:
       settled (jobstore.lifecycle) and ended in RQ as RQ's perform_job does
-    -> the jobs whose rows did not all get a response early (slots, errors) are performed after
+    -> the jobs whose rows did not all get a response early (slots) are performed after
 
 While a batch's passes are on the GPU, the waits between them step a new LookAhead (hold and
 load a job, or compile one row: its tokenization and tree), never blocking; the next step
@@ -36,7 +38,6 @@ import sys
 import threading
 import time
 import uuid
-from functools import partial
 from collections.abc import Callable
 
 import orjson
@@ -53,19 +54,18 @@ from contract import queues
 from contract.payloads import ChunkPayload, PlanPayload
 from contract.settings import Settings
 from jobstore import lifecycle
-from workers import tasks
 from workers.hand_back import HandBack, hand_back
 from workers.job_calibration import calibrate_finished_job
 from workers.lookahead import HeldJob, LookAhead
 from workers.queue_reader import QueueReader, clean_registries
 from workers.worker_info import describe_model, device_of
-from workers.row_progress import RowProgress
+from workers.stream import StreamRunner
 from workers.worker_rates import WorkerRates
 
 log = logging.getLogger(__name__)
 
 
-class GreedyWorker(QueueReader, SimpleWorker):
+class GreedyWorker(StreamRunner, QueueReader, SimpleWorker):
     death_penalty_class = TimerDeathPenalty  # works off the main thread (embedded serve, tests)
 
     def __init__(self, connection: Redis, engines: dict, settings: Settings, s3=None, name: str | None = None,
@@ -279,79 +279,6 @@ class GreedyWorker(QueueReader, SimpleWorker):
         except Exception as error:  # noqa: BLE001 - fails this job only (_perform); RQ retries it
             item.load_error = error
 
-    def _run(self, model: str, held: list[HeldJob]) -> None:
-        self._check_hand_back()
-        chunks = [h for h in held if h.work is not None]
-        # sync calls first: their rows are packed into the batch's first pass
-        scored = sorted((h for h in chunks if not h.work.is_cancelled), key=lambda h: not self._is_sync(h))
-        rows = [slot for h in scored for slot in h.work.rows]
-        compiled = [c for h in scored for c in (h.compiled or [None] * len(h.work.rows))]
-        progress = RowProgress(self.connection, [h.work for h in scored])
-        performed: set[int] = set()  # ids of the jobs performed before the batch ends
-        self._perform_when_scored(scored, performed)
-        self._check_hand_back_before_telling(rows)
-        arrivals = partial(self._sync_arrivals, model, held, progress, performed)
-        tasks.score_rows(self.engines[model], rows, compiled, self._look_ahead(), arrivals)
-        scored_rows = [slot for h in held if h.work is not None and not h.work.is_cancelled for slot in h.work.rows]
-        self._record_stats(model, scored_rows, sum(h.num_tokens for h in held))
-        for item in list(held):
-            if id(item) not in performed:
-                self._perform(item)
-        self.set_state(WorkerStatus.IDLE)
-
-    def _sync_arrivals(self, model: str, held: list[HeldJob], progress: RowProgress,
-                       performed: set[int]) -> list[tuple]:
-        """Sync calls queued since the batch began, held and compiled now: the engine packs them
-        into its next pass (Engine.score_batch's `arrivals`), not after the batch."""
-        if self._stop.is_set():
-            return []
-        arrived = []
-        while (item := self._take(model, sync_only=True)) is not None:
-            held.append(item)
-            if item.work is None or item.work.is_cancelled:
-                continue
-            progress.add([item.work])
-            self._perform_when_scored([item], performed)
-            self._check_hand_back_before_telling(item.work.rows)
-            engine = self.engines[model]
-            for slot in item.work.rows:
-                if slot.request is not None:
-                    done = tasks.compile_row(engine, slot)
-                    item.num_tokens += getattr(done, "num_tokens", 0)
-                    arrived.append((slot, done))
-        return arrived
-
-    def _check_hand_back_before_telling(self, rows: list) -> None:
-        """The safe point of a hand-back: before a built row is told (progress, settle)."""
-        for slot in rows:
-            slot.on_scored = partial(self._checked, slot.on_scored)
-    def _checked(self, then) -> None:
-        self._check_hand_back()
-        if then is not None:
-            then()
-
-    def _is_sync(self, item: HeldJob) -> bool:
-        return item.queue.name in self._sync_queue_names
-
-    def _perform_when_scored(self, items: list[HeldJob], performed: set[int]) -> None:
-        """Perform each of these jobs as soon as the engine has built its last row's response,
-        between passes while the next one runs (a sync call is answered then; a chunk is written
-        while the device works, not after the batch); the ids of the jobs performed so go into
-        `performed`."""
-        for item in items:
-            pending = [slot for slot in item.work.rows if slot.request is not None]
-            remaining = [len(pending)]
-            for slot in pending:
-                slot.on_scored = partial(self._row_scored, item, remaining, performed, slot.on_scored)
-
-    def _row_scored(self, item: HeldJob, remaining: list[int], performed: set[int], then) -> None:
-        if then is not None:
-            then()  # the row's progress count
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            self._perform(item)
-            performed.add(id(item))
-
     def _perform(self, item: HeldJob) -> None:
         """End a held job as RQ's `perform_job` ends one after calling its function, with
         `_settle` as that function: its return value becomes the job's result (success
@@ -377,15 +304,3 @@ class GreedyWorker(QueueReader, SimpleWorker):
         settled = lifecycle.settle_chunk(self.connection, self.s3, self.settings, item.work, self.name,
                                          calibrate_finished_job)
         return settled.to_dict()
-
-    def _record_stats(self, model: str, rows: list, num_tokens: int) -> None:
-        pass_ids = {p for slot in rows for p in slot.pass_ids}
-        budget = self.engines[model].config.max_num_batched_tokens
-        with self.connection.pipeline() as pipe:
-            pipe.hincrby(queues.STATS_KEY, "rows_total", len(rows))
-            pipe.hincrby(queues.STATS_KEY, "rows_failed_total", sum(slot.response is None for slot in rows))
-            pipe.hincrby(queues.STATS_KEY, "passes_total", len(pass_ids))
-            pipe.hincrby(queues.STATS_KEY, "pass_tokens_total", num_tokens)
-            pipe.hincrby(queues.STATS_KEY, "pass_budget_tokens_total", budget * len(pass_ids))
-            pipe.execute()
-        self.rates.record(len(rows), num_tokens, budget * len(pass_ids))

@@ -3,6 +3,7 @@
     RowProgress(r, chunks): partial_key(job)[chunk] := 0 for each chunk taken (a retried chunk restarts)
       engine builds row i's response --RowSlot.on_scored--> count for its chunk
       --at most every FLUSH_S--> HSET partial_key(job)[chunk] = rows scored so far
+    drop(chunk): once settled, it is no longer counted (a batch fed for hours writes only open chunks)
     records.load_view: done = rows of settled chunks + partial counts of the others
 
 Counts are written, never added, so a count is never doubled; the chunk's settle supersedes it.
@@ -36,6 +37,10 @@ class RowProgress:
             for slot in work.rows:
                 slot.on_scored = partial(self._count, key)
         self.flush()
+
+    def drop(self, work: ChunkWork) -> None:
+        """Stop counting a settled chunk (its settle supersedes the count)."""
+        self.counts.pop((work.payload.job_id, work.payload.chunk_index), None)
 
     def _count(self, key: tuple[str, int]) -> None:
         self.counts[key] += 1

@@ -37,39 +37,46 @@ def score_rows(
     compiled: list[CompiledRequest | RequestError | None] | None = None,
     while_waiting=None,
     arrivals: Callable[[], list[tuple[RowSlot, CompiledRequest | RequestError]]] | None = None,
+    refill: Callable[[], list[tuple[RowSlot, CompiledRequest | RequestError]]] | None = None,
 ) -> None:
     """Score every row that has a request, in one `score_batch` call when nothing raises.
     `compiled[i]`: row i as the worker's look-ahead compiled it (None, or no list: compiled
     here). `while_waiting`: host work for the GPU waits of that call (Engine.score_batch).
     `arrivals()`: rows that came while the batch runs (sync calls), each with its compiled
-    request (`compile_row`), scored in the same call ahead of the rows not yet packed."""
+    request (`compile_row`), scored in the same call ahead of the rows not yet packed.
+    `refill()`: rows to score next when none is left to pack (the worker's next jobs), the
+    same way; the call goes on while it brings rows."""
     given = compiled if compiled is not None else [None] * len(rows)
-    todo = [(slot, done) for slot, done in zip(rows, given, strict=True) if slot.request is not None]
-    if not todo and arrivals is None:
+    first = [(slot, done) for slot, done in zip(rows, given, strict=True) if slot.request is not None]
+    if not first and arrivals is None and refill is None:
         return
+    todo: list[RowSlot | None] = [slot for slot, _ in first]  # by the engine's index; None once told
 
     def on_result(index: int, result: ScoringResponse, pass_ids: tuple[int, ...]) -> None:
-        slot = todo[index][0]  # filled as soon as the engine built it, then told (progress, sync)
+        slot = todo[index]  # filled as soon as the engine built it, then told (progress, sync)
+        todo[index] = None  # let go: a call fed by `refill` may go on for hours
         _fill(slot, result, pass_ids)
         if slot.on_scored is not None:
             slot.on_scored()
 
-    def arrived() -> list[CompiledRequest | RequestError]:
-        new = [(slot, done) for slot, done in arrivals() if slot.request is not None]
-        todo.extend(new)
-        return [done for _, done in new]
+    def joining(source):
+        def joined() -> list[CompiledRequest | RequestError]:
+            new = [(slot, done) for slot, done in source() if slot.request is not None]
+            todo.extend(slot for slot, _ in new)
+            return [done for _, done in new]
+        return None if source is None else joined
 
     try:
-        ready = [done if done is not None else engine.compile(slot.request) for slot, done in todo]
-        output = engine.score_batch(ready, while_waiting, on_result, arrived if arrivals is not None else None)
+        ready = [done if done is not None else engine.compile(slot.request) for slot, done in first]
+        output = engine.score_batch(ready, while_waiting, on_result, joining(arrivals), joining(refill))
     except Exception:  # noqa: BLE001 - isolate the row that raises, keep the others
         log.exception("scoring a batch of %d rows raised: scoring the rows not yet scored one by one", len(todo))
-        for slot, done in todo:
-            if slot.response is None and slot.error is None:
-                _score_alone(engine, slot, done)
+        for slot in todo:
+            if slot is not None and slot.response is None and slot.error is None:
+                _score_alone(engine, slot, None)
         return
-    for (slot, _), result, pass_ids in zip(todo, output.results, output.pass_ids, strict=True):
-        if slot.response is None and slot.error is None:  # not built before the last pass
+    for slot, result, pass_ids in zip(todo, output.results, output.pass_ids, strict=True):
+        if slot is not None and slot.response is None and slot.error is None:  # not built before the last pass
             _fill(slot, result, pass_ids)
 
 

@@ -55,14 +55,16 @@ class ResponseBuilder:
         model_name: str,
         system_fingerprint: str,
         tokenizer: PreTrainedTokenizerBase,
-        on_done: Callable[[int, ScoringResponse, tuple[int, ...]], None] | None = None,
+        on_done: Callable[[int, ScoringResponse | RequestError, tuple[int, ...]], None] | None = None,
     ) -> None:
-        self.compiled = compiled  # the batch's list: `admit` appends the requests that arrive during it
+        self.compiled = compiled  # the batch's list: `admit` appends the requests that arrive during it;
+        # None where a response was told through `on_done` (let go)
         self.floor_cache = floor_cache  # the engine's: floors read in this batch are put in it
         self.model_name = model_name
         self.system_fingerprint = system_fingerprint
         self.tokenizer = tokenizer
-        self.on_done = on_done  # told (index, response, pass ids) of each response built early
+        self.on_done = on_done  # told (index, response, pass ids) of each response built early, then let go;
+        # a RequestError is told as it is admitted (no pass ids)
         self.logprobs: dict[tuple[int, int, int], list[float]] = {}  # (request, query, combination)
         self.pass_ids: list[set[int]] = []
         self.usage: list[Usage] = []
@@ -70,6 +72,7 @@ class ResponseBuilder:
         self.floor_p: dict[FloorKey, tuple[float, ...]] = {}  # held here: the cache may evict
         self.slot_answers: dict[tuple[int, int, int], tuple[list[SlotAnswer], float]] = {}
         self._done: dict[int, ScoringResponse] = {}  # responses built as soon as their last score came in
+        self.has_slots = False  # a request with extraction slots is in (decoded after the last pass)
         self._count_floors(0)
 
     def admit(self, arrived: list[CompiledRequest | RequestError]) -> list[FloorKey]:
@@ -88,17 +91,21 @@ class ResponseBuilder:
             request = self.compiled[index]
             self.pass_ids.append(set())
             self.usage.append(Usage())
-            if isinstance(request, CompiledRequest):
-                for key in request.floor_keys:
-                    cached = self.floor_cache.get(key)
-                    if cached is not None:
-                        self.floor_p[key] = cached
-                        self.usage[index].floors_cached += 1
-                    elif key not in self._floor_first_user:
-                        self._floor_first_user[key] = index
-                        self.usage[index].floors_computed += 1
-                    else:
-                        self.usage[index].floors_cached += 1
+            if isinstance(request, RequestError):
+                if self.on_done is not None:  # nothing to score: told at once
+                    self.on_done(index, request, ())
+                continue
+            self.has_slots |= any(branch.slot is not None for branch in request.branches)
+            for key in request.floor_keys:
+                cached = self.floor_cache.get(key)
+                if cached is not None:
+                    self.floor_p[key] = cached
+                    self.usage[index].floors_cached += 1
+                elif key not in self._floor_first_user:
+                    self._floor_first_user[key] = index
+                    self.usage[index].floors_computed += 1
+                else:
+                    self.usage[index].floors_cached += 1
 
     def missing_floors(self) -> list[FloorKey]:
         return list(self._floor_first_user)
@@ -121,9 +128,19 @@ class ResponseBuilder:
                 and branch.floor_key in self.floor_p
                 for branch in request.branches
             ):
-                self._done[index] = self._response(index, request)
-                if self.on_done is not None:
-                    self.on_done(index, self._done[index], tuple(sorted(self.pass_ids[index])))
+                response = self._response(index, request)
+                if self.on_done is None:
+                    self._done[index] = response
+                    continue
+                self.on_done(index, response, tuple(sorted(self.pass_ids[index])))
+                self._let_go(index, request)
+
+    def _let_go(self, index: int, request: CompiledRequest) -> None:
+        """A response told through `on_done` is not kept, nor what built it: its result in
+        `finish` is None (the caller has it), so a batch fed for hours holds only what is open."""
+        for branch in request.branches:
+            self.logprobs.pop((index, branch.query_index, branch.combination_index), None)
+        self.compiled[index] = None
 
     def _collect_trees(self, batch: PackedBatch, output: RunnerOutput) -> None:
         for packed in batch.trees:
@@ -159,6 +176,8 @@ class ResponseBuilder:
             self.pass_ids[job.request_index].update(job.pass_ids)
 
     def finish(self) -> BatchOutput:
+        """Every request's result in order: its response, its RequestError, or None for a
+        response already told through `on_done`."""
         results = [
             request if not isinstance(request, CompiledRequest) else self._done.get(index) or self._response(index, request)
             for index, request in enumerate(self.compiled)

@@ -16,6 +16,7 @@ of their prompts (kept for decoding); `decode` runs a decoding pass over that K/
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ import torch
 from engine.kernels.logprobs import option_logprobs, row_logsumexp
 from engine.layers.attention import AttentionMetadata
 from engine.layers.ops import SCORE_CHUNK, to_device
+from engine.pipeline.launch_clock import LaunchClock
 from engine.pipeline.stages import PackedBatch, RunnerOutput
 
 if TYPE_CHECKING:  # types only: extraction drives this runner (engine/extraction/decoding.py imports it)
@@ -34,8 +36,11 @@ if TYPE_CHECKING:  # types only: extraction drives this runner (engine/extractio
 
 @dataclass(slots=True)
 class _Launched:
+    batch: PackedBatch
     output: RunnerOutput  # host tensors that fill in when `done` fires
     done: torch.cuda.Event | None  # recorded after the copies (None on CPU)
+    started: torch.cuda.Event | None = None  # recorded before the pass's kernels (None on CPU)
+    started_at: float = 0.0  # host clock: when the pass began on the device, as far as the host saw
 
     def wait(self, while_waiting: Callable[[], bool] | None = None) -> RunnerOutput:
         """The pass's outputs. Until the pass is done, `while_waiting()` (a short piece of host
@@ -45,6 +50,13 @@ class _Launched:
                 pass
             self.done.synchronize()
         return self.output
+
+    def is_done(self) -> bool:
+        return self.done is None or self.done.query()
+
+    def device_s(self) -> float:
+        """Seconds the pass took on the device (after `wait`)."""
+        return self.started.elapsed_time(self.done) / 1e3 if self.started is not None else 0.0
 
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -58,7 +70,7 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
 def _record_event(device: torch.device) -> torch.cuda.Event | None:
     if device.type != "cuda":
         return None
-    event = torch.cuda.Event()
+    event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
 
@@ -70,20 +82,39 @@ class ModelRunner:
         self.num_passes = 0
 
     def run_all(
-        self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None
+        self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None,
+        clock: LaunchClock | None = None,
     ) -> Iterator[tuple[PackedBatch, RunnerOutput]]:
         """The passes in order. The next batch is packed on the CPU (the iterator's work) while
         the GPU runs the pass in flight; a pass's outputs are read once the next is launched.
         `while_waiting`: host work for the waits (see _Launched.wait); CUDA only (on CPU a pass
-        is done when launched). Every wait but the last has the next pass queued behind it."""
-        in_flight: tuple[PackedBatch, _Launched] | None = None
-        for batch in batches:
-            launched = (batch, self.launch(batch))
+        is done when launched). Every wait but the last has the next pass queued behind it.
+        `clock` (CUDA): pack each pass late, near the end of the pass before it, so that it
+        takes what arrived meanwhile (engine/pipeline/launch_clock.py); without it, at once."""
+        clock = clock if self.device.type == "cuda" else None
+        batches = iter(batches)
+        in_flight: _Launched | None = None
+        while True:
+            if clock is not None and in_flight is not None:
+                clock.wait_until(clock.pack_at(in_flight.started_at, in_flight.batch.num_tokens), in_flight.is_done,
+                                 while_waiting)
+            began = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                break
+            launched = self.launch(batch)
+            launched.started_at = began
+            if clock is not None:
+                clock.launched(time.perf_counter() - began)
             if in_flight is not None:
-                yield in_flight[0], in_flight[1].wait(while_waiting)
+                output = in_flight.wait(while_waiting)
+                launched.started_at = max(began, time.perf_counter())  # it runs once the one before ends
+                if clock is not None:
+                    clock.observe(in_flight.batch.num_tokens, in_flight.device_s())
+                yield in_flight.batch, output
             in_flight = launched
         if in_flight is not None:
-            yield in_flight[0], in_flight[1].wait(while_waiting)
+            yield in_flight.batch, in_flight.wait(while_waiting)
 
     def run(self, batch: PackedBatch) -> RunnerOutput:
         return self.launch(batch).wait()
@@ -92,6 +123,7 @@ class ModelRunner:
     def launch(self, batch: PackedBatch) -> _Launched:
         """Queue one pass on the device; its outputs start copying to the host when it ends."""
         attention = self.prepare_attention(batch.attention)
+        started = _record_event(self.device)
         attention.capture = batch.attention.capture  # whatever prepare built, slots keep their K/V
         inputs = (to_device(batch.input_ids, self.device), to_device(batch.positions, self.device), attention,
                   to_device(batch.scored_index, self.device))
@@ -108,7 +140,7 @@ class ModelRunner:
         output.slot_logprobs = slot_logprobs
         if batch.slot_index is not None:
             output.slot_kv = batch.attention.capture.split()
-        return _Launched(output, _record_event(self.device))
+        return _Launched(batch, output, _record_event(self.device), started)
 
     @torch.inference_mode()
     def decode(self, batch: DecodeBatch) -> list[Candidates | None]:

@@ -157,5 +157,5 @@ class RunnerOutput:
 
 @dataclass(slots=True)
 class BatchOutput:
-    results: list[ScoringResponse | RequestError]  # one per request, same order
+    results: list[ScoringResponse | RequestError | None]  # one per request, same order; None: told through on_result
     pass_ids: list[tuple[int, ...]]  # the forward passes that served each request

@@ -29,11 +29,14 @@ def test_arrivals_ride_the_next_pass_and_score_as_alone(tiny_engine):
             return list(handed)
         return []
 
-    seen = {}
-    output = engine.score_batch(compiled, arrivals=arrivals, on_result=lambda i, r, ids: seen.setdefault(i, ids))
+    seen, told = {}, {}
+    output = engine.score_batch(compiled, arrivals=arrivals,
+                                on_result=lambda i, r, ids: (seen.setdefault(i, ids), told.setdefault(i, r)))
     assert len(output.results) == len(batch) + len(late)
-    assert _bodies(output)[len(batch):] == _bodies(alone)
-    assert _bodies(output)[: len(batch)] == _bodies(engine.score_requests(batch))
+    assert output.results == [None] * len(output.results), "a response told through on_result was kept"
+    bodies = [told[i].model_dump(exclude={"usage"}) for i in range(len(batch) + len(late))]
+    assert bodies[len(batch):] == _bodies(alone)
+    assert bodies[: len(batch)] == _bodies(engine.score_requests(batch))
     late_passes = [min(output.pass_ids[len(batch) + i]) for i in range(len(late))]
     later_batch_rows = [min(output.pass_ids[i]) for i in range(3, len(batch))]
     assert max(late_passes) <= min(later_batch_rows), "arrivals were packed behind rows that came before them"

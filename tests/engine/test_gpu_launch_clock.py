@@ -1,0 +1,64 @@
+"""GPU: a batch that arrivals may join packs each pass late, near the end of the pass before it
+(engine/pipeline/launch_clock.py), and scores the same bits as one packed at once (a 24-layer
+cut of the Gemma-3-12B architecture, random weights, real tokenizer, news requests)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def _engine_and_requests():
+    if not torch.cuda.is_available():
+        pytest.fail("needs CUDA (run through the device tool)")
+    import random_models
+    from workloads import load_workload
+
+    from contract.protocol import ScoringRequest
+
+    hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=24)
+    engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
+                                       "gemma-3-12b", "clock", 16384)
+    engine.warm_up()
+    requests = [ScoringRequest.model_validate(r) for r in load_workload("news").requests(engine.model_name, 48, 64)]
+    return engine, requests
+
+
+@pytest.mark.gpu
+def test_gpu_passes_are_packed_late_and_score_the_same_bits():
+    from pass_log import PassLog
+
+    engine, requests = _engine_and_requests()
+    compiled = [engine.compile(r) for r in requests]
+    at_once = engine.score_batch(compiled)
+    engine.score_batch(compiled, arrivals=lambda: [])  # the clock learns this engine's passes
+    log = PassLog(engine)
+    packed_at: list[tuple[int, float]] = []  # (passes launched so far, host time) at each look
+
+    def arrivals():
+        packed_at.append((engine.runner.num_passes, time.time()))
+        return []
+
+    late = engine.score_batch(compiled, arrivals=arrivals)
+    assert [r.model_dump() for r in late.results] == [r.model_dump() for r in at_once.results]
+    assert engine.launch_clock.seconds_per_token is not None and engine.launch_clock.launch_s is not None
+    passes = {p["pass_id"]: p for p in log.passes()}
+    first_look = {}
+    for launched, when in packed_at:
+        first_look.setdefault(launched, when)
+    late_enough = []
+    for launched, when in first_look.items():
+        before = passes.get(launched)  # the pass in flight while the next one was packed
+        if before is None or launched - 1 not in passes:
+            continue
+        duration = before["gpu_end"] - before["gpu_start"]
+        late_enough.append(when >= before["gpu_start"] + 0.5 * duration)
+    assert len(late_enough) >= 4, f"too few passes to judge: {len(late_enough)}"
+    assert sum(late_enough) >= 0.75 * len(late_enough), \
+        f"{late_enough}: the next pass was packed early in the pass before it (not late)"
