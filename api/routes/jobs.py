@@ -4,7 +4,8 @@
     GET  /v1/jobs?after&limit       -> JobList (the caller's jobs, newest first)
     GET  /v1/jobs/{id}              -> JobView (404 for another key's job)
     GET  /v1/jobs/{id}/results      -> JSONL rows {custom_id, response} | {custom_id, error}
-                                       (a sync call's job: `response` is its route's reply, api.sync_replies)
+                                       (a sync call's job: `response` is its route's reply, api.sync_replies;
+                                       a cancelled job: batch_p from its returned rows, api.cancelled_results)
     POST /v1/jobs/{id}/cancel       -> JobView
 S3 locations are checked against the key's allow-lists (403) before any S3 call.
 """
@@ -20,6 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
+from api.cancelled_results import own_batch_columns
 from api.deps import KeyDep, PacksDep, RedisDep, S3Dep, SettingsDep
 from api.errors import ApiError
 from api.json_body import StrictJsonRoute
@@ -27,7 +29,7 @@ from api.served import resolve_model
 from api.sync_calls import check_packs
 from api.sync_replies import ReplyContext, route_reply
 from contract import queues
-from contract.payloads import JobCreate, JobList, JobView
+from contract.payloads import JobCreate, JobList, JobStatus, JobView
 from contract.s3_uri import S3Access, S3Uri, is_allowed, parse_s3_uri
 from contract.settings import ApiKey, Settings
 from jobstore import datasets, owner_index, records
@@ -136,15 +138,21 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: Sett
     if not status.is_terminal:
         raise ApiError(409, f"job {job_id} is {status.value}; results are ready when it has ended")
     num_chunks = int(record.get("num_chunks") or 0)
+    if record.get("route"):  # a sync call's job: its one row holds the route's reply
+        rows = [_sync_row(r, settings, record, key, b"".join(records.iter_inline_results(r, job_id, num_chunks)))]
+        return StreamingResponse(rows, media_type="application/jsonl")
     if record.get("output"):
         output = S3Uri.from_stored(record["output"])
         summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].cancelled]
-        rows = _dataset_rows(r, s3, settings, job_id, output, written)
-    elif record.get("route"):  # a sync call's job: its one row holds the route's reply
-        rows = [_sync_row(r, settings, record, key, b"".join(records.iter_inline_results(r, job_id, num_chunks)))]
+
+        def read() -> Iterator[bytes]:
+            return _dataset_rows(r, s3, settings, job_id, output, written)
     else:
-        rows = records.iter_inline_results(r, job_id, num_chunks)
+        def read() -> Iterator[bytes]:
+            return records.iter_inline_results(r, job_id, num_chunks)
+    # a cancelled job's rows get batch_p from their own priors, each time they are returned
+    rows = own_batch_columns(read, settings.retry_after_s) if status == JobStatus.CANCELLED else read()
     return StreamingResponse(rows, media_type="application/jsonl")
 
 
