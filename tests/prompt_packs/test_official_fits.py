@@ -99,3 +99,29 @@ def test_committed_report_and_pack_are_what_the_scores_give(registry, fits, pack
     assert set(fitted) == {c.id for c in pack.categories}
     assert {c.provenance.system_fingerprint for c in fitted.values()} == {meta["system_fingerprint"]}
     assert {c.provenance.num_rows for c in fitted.values()} == {len(scored)}
+
+
+def _arrow(before: float, after: float) -> str:
+    return f"{before:.3f} → {after:.3f}"
+
+
+@pytest.mark.parametrize("pack_id", OFFICIAL)
+def test_the_docs_quote_the_committed_reports(pack_id):
+    """docs/prompt-packs.md's table row per category and the decisions' figures in it and in
+    docs/calibration.md are the committed report's numbers, rounded."""
+    report = json.loads((ROOT / "packs" / "reports" / pack_id / "report.json").read_text())
+    table = (ROOT / "docs" / "prompt-packs.md").read_text()
+    guide = " ".join((ROOT / "docs" / "calibration.md").read_text().split())
+    for category_id, c in report["categories"].items():
+        b, a, e = c["before"], c["after"], c["ece"]
+        served = f"{c['method']} ({c['reads']})" if c["served_by"] == "one-vs-rest" else f"joint `{c['served_by'].split()[1]}`"
+        row = (f"| `{pack_id}` | {b['num_rows']} | {category_id} | {served} | {_arrow(b['accuracy'], a['accuracy'])} | "
+               f"{_arrow(b['auc'], a['auc'])} | {_arrow(b['ece'], a['ece'])} [{e['ece_lo']:.3f}, {e['ece_hi']:.3f}] | "
+               f"{e['perfect_q95']:.3f} |")
+        assert row in table, row
+    flat = " ".join(table.split())
+    for decision_id, d in report["decisions"].items():
+        accuracy = f"`{decision_id}` accuracy {_arrow(d['before']['accuracy'], d['after']['accuracy'])}"
+        assert accuracy in flat and f"{d['ece']['ece']:.3f} [{d['ece']['ece_lo']:.3f}, {d['ece']['ece_hi']:.3f}]" in flat
+        assert f"{d['before']['ece']:.3f} → {d['one_vs_rest']['ece']:.3f}" in guide
+        assert f"band {d['ece']['perfect_q95']:.3f}" in flat and f"band {d['ece']['perfect_q95']:.3f}" in guide
