@@ -3,6 +3,7 @@
     POST /v1/jobs [Idempotency-Key] -> 201 JobView (200 with the same job on a retried key)
     GET  /v1/jobs?after&limit       -> JobList (the caller's jobs, newest first)
     GET  /v1/jobs/{id}              -> JobView (404 for another key's job)
+    GET  /v1/jobs/{id}/calibration  -> the labelled rows' calibration report (JSON; 404 without labels)
     GET  /v1/jobs/{id}/results      -> JSONL rows {custom_id, response} | {custom_id, error}
                                        (a sync call's job: `response` is its route's reply, api.sync_replies;
                                        a cancelled job: batch_p from its returned rows, api.cancelled_results)
@@ -128,6 +129,41 @@ def cancel_job(job_id: str, key: KeyDep, r: RedisDep, settings: SettingsDep) -> 
     _load_owned(r, job_id, key)
     cancel(r, settings, job_id)
     return records.load_view(r, job_id)
+
+
+@router.get("/v1/jobs/{job_id}/calibration",
+            responses={200: {"content": {"application/json": {"schema": {"type": "object"}}},
+                             "description": "prompt_packs.job_calibration.job_report's JSON"}})
+def job_calibration(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: SettingsDep) -> Response:
+    """The calibration report of a job whose rows carried `labels`, once it has ended: per
+    two-option query, raw, contextual, batch and a nested labelled fit side by side. A dataset
+    job's is `<output>/calibration/report.json` (its Markdown and diagrams beside it)."""
+    record = _load_owned(r, job_id, key)
+    status = records.status_of(record)
+    if not status.is_terminal:
+        raise ApiError(409, f"job {job_id} is {status.value}; its calibration report is written when it has ended")
+    if record.get("calibration_report"):
+        return Response(record["calibration_report"], media_type="application/json")
+    if record.get("output"):
+        report = _s3_report(s3, S3Uri.from_stored(record["output"]).join("calibration/report.json"), settings)
+        if report is not None:
+            return Response(report, media_type="application/json")
+    raise ApiError(404, f"job {job_id} has no calibration report: none of its rows carried labels, or it"
+                        " ended before every row was scored")
+
+
+def _s3_report(s3, uri: S3Uri, settings: Settings) -> bytes | None:
+    """The object's bytes; None when there is none (503 while S3 cannot be read)."""
+    try:
+        return get_bytes(s3, uri)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        failure = error
+    except BotoCoreError as error:
+        failure = error
+    raise ApiError(503, f"the report cannot be read from S3 now ({failure}); try again",
+                   headers={"Retry-After": str(settings.retry_after_s)})
 
 
 @router.get("/v1/jobs/{job_id}/results")
