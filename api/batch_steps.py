@@ -6,6 +6,7 @@
         not yet validated                   -> validate
         past expires_at                     -> cancel its job, end as expired
         its job's rows all settled          -> finalize: output + error files -> completed | cancelled | expired
+                                               (cancelled or expired: batch_p from the finished rows' priors)
 
 A step holds `batch_lease_key` (a redis-py Lock of `step_lease_s`, extended as it goes); a
 step whose API process died leaves the lease to expire and the next read starts it again.
@@ -24,6 +25,7 @@ from fastapi import BackgroundTasks
 from redis import Redis
 from redis.exceptions import LockError
 
+from api.cancelled_results import cancelled_job_priors, with_priors
 from api.errors import ApiError
 from api.line_endpoints import ENDPOINTS, BodyError, LineEndpoint
 from api.served import resolve_model
@@ -280,11 +282,12 @@ def _finalize_held(steps: Steps, record: BatchRecord) -> None:
 
 def _write(steps: Steps, record: BatchRecord, not_run: str):
     endpoint = ENDPOINTS[record.fields["endpoint"]]
+    fields = batches.load_batch(steps.r, record.id).fields
+    priors = cancelled_job_priors(steps.r, fields.get("job_id"))  # cancelled or expired: its finished rows'
 
     def respond(body: dict | None, response: dict) -> dict:
-        return endpoint.to_body(body, response, steps.settings)
+        return endpoint.to_body(body, with_priors(response, priors), steps.settings)
 
-    fields = batches.load_batch(steps.r, record.id).fields
     return write_outputs(steps.r, steps.s3, steps.settings, fields, respond, not_run)
 
 

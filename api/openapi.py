@@ -58,6 +58,7 @@ EXTRA_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/decisions"): SYNC_STATUSES,
     ("post", "/v1/jobs"): (403, 409, 422),  # 409: Idempotency-Key reused with another body
     ("get", "/v1/jobs/{job_id}/results"): (409, 503),  # 503: S3 unreadable
+    ("get", "/v1/jobs/{job_id}/calibration"): (409, 503),  # 503: S3 unreadable
     ("post", "/v1/batches/{batch_id}/cancel"): (409,),
     ("post", "/v1/batches"): (404, 422),  # 404: input_file_id names no file of this key
     ("post", "/v1/files"): (400,),  # a multipart body that cannot be parsed

@@ -197,6 +197,16 @@ def _check_options(options: list[str]) -> None:
 class ScoringSpec(_Strict):
     # may be empty only in a request that names packs (ScoringRequest checks it)
     queries: list[Query] = Field(default_factory=list, max_length=LIMITS.max_queries)
+    # the request's (a job's) label-free calibration: every option query ({?}) that does not
+    # set its own `calibrate` gets this one (a pack's queries follow the pack's label_free)
+    calibrate: Literal["contextual", "batch"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _calibrate_every_option_query(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("calibrate") is None or not isinstance(data.get("queries"), list):
+            return data
+        return {**data, "queries": [_with_calibrate(q, data["calibrate"]) for q in data["queries"]]}
 
     @field_validator("queries")
     @classmethod
@@ -207,6 +217,20 @@ class ScoringSpec(_Strict):
             raise ValueError(f"duplicate query id(s) {duplicates}; ids must be unique")
         _check_sizes(queries)
         return queries
+
+
+def _with_calibrate(query: Any, calibrate: Any) -> Any:
+    """A query (a dict or a Query) with `calibrate` where it is an option query without its own."""
+    if isinstance(query, Query):
+        own = "calibrate" in query.model_fields_set or query.slot != OPTION_SLOT
+        return query if own else query.model_copy(update={"calibrate": calibrate})
+    if not isinstance(query, dict) or "calibrate" in query or not isinstance(query.get("template"), str):
+        return query
+    try:
+        is_option_query = parse_template(query["template"]).slot == OPTION_SLOT
+    except TemplateError:
+        return query  # the query's own validation names the template's fault
+    return {**query, "calibrate": calibrate} if is_option_query else query
 
 
 def _check_sizes(queries: list[Query]) -> None:

@@ -9,7 +9,9 @@ Every map works on the logit z = log(p / (1 - p)) of a probability:
 - temperature: p' = sigmoid(z / T). T > 0, so the side of 0.5 (the argmax of a two-way
   question) never changes and ranks never change.
 - platt: p' = sigmoid(a * z + b). Monotone (a >= 0 is enforced), but b can move rows
-  across 0.5: the report counts how often it did.
+  across 0.5: the report counts how often it did. The intercept b is kept only where a
+  likelihood-ratio test on the fit rows supports it (`bias_is_supported`); else b = 0 and
+  the map is a temperature (a = 1 / T), which moves no row across 0.5.
 - isotonic: pool-adjacent-violators on p, then linear interpolation between the pooled
   block centres: monotone non-decreasing, can create ties and move rows across 0.5.
 Our own small implementations; no scikit-learn.
@@ -103,11 +105,34 @@ def fit_temperature(p: np.ndarray, y: np.ndarray, *, min_log_t: float = -4.0, ma
     return Calibrator("temperature", {"temperature": temperature})
 
 
-def fit_platt(p: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, num_steps: int = 50) -> Calibrator:
+def fit_platt(p: np.ndarray, y: np.ndarray, *, test_bias: bool = True, l2: float = 1e-3,
+              num_steps: int = 50) -> Calibrator:
     """Logistic regression of y on logit(p) with a bias, by Newton steps (2 parameters).
 
-    A tiny L2 penalty keeps the fit finite when the fit rows are perfectly separable.
+    A tiny L2 penalty keeps the fit finite when the fit rows are perfectly separable. With
+    `test_bias`, the bias b stays only where `bias_is_supported`; otherwise the map is the
+    temperature fit written as Platt, a = 1 / T and b = 0: a bias the rows do not support
+    would move rows across 0.5 on noise.
     """
+    full = _fit_platt_newton(p, y, l2=l2, num_steps=num_steps)
+    if not test_bias:
+        return full
+    slope_only = Calibrator("platt", {"a": 1.0 / fit_temperature(p, y).params["temperature"], "b": 0.0})
+    return full if bias_is_supported(p, y, slope_only, full) else slope_only
+
+
+BIAS_TEST_CHI2 = 3.841458820694124  # the 95th percentile of chi-square with 1 degree of freedom
+
+
+def bias_is_supported(p: np.ndarray, y: np.ndarray, without: Calibrator, with_bias: Calibrator) -> bool:
+    """Likelihood-ratio test of Platt's bias on the fit rows: 2 N (log-loss without b - log-loss
+    with b) >= BIAS_TEST_CHI2 (the one extra parameter is significant at 5%)."""
+    y = np.asarray(y, dtype=np.float64)
+    statistic = 2.0 * len(y) * (_nll(without.apply(p), y) - _nll(with_bias.apply(p), y))
+    return bool(statistic >= BIAS_TEST_CHI2)
+
+
+def _fit_platt_newton(p: np.ndarray, y: np.ndarray, *, l2: float, num_steps: int) -> Calibrator:
     z, y = logit(p), np.asarray(y, dtype=np.float64)
     x = np.stack([z, np.ones_like(z)], axis=1)  # [N, 2]
 
@@ -176,13 +201,14 @@ def fit_isotonic(p: np.ndarray, y: np.ndarray, *, prior_weight: float = 1.0) -> 
     return Calibrator("isotonic", {"x": knots_x, "y": knots_y})
 
 
-def fit(method: str, p: np.ndarray, y: np.ndarray) -> Calibrator:
+def fit(method: str, p: np.ndarray, y: np.ndarray, *, test_bias: bool = True) -> Calibrator:
+    """`test_bias`: Platt's bias only where the fit rows support it (fit_platt)."""
     if method == "identity":
         return Calibrator("identity")
     if method == "temperature":
         return fit_temperature(p, y)
     if method == "platt":
-        return fit_platt(p, y)
+        return fit_platt(p, y, test_bias=test_bias)
     if method == "isotonic":
         return fit_isotonic(p, y)
     raise ValueError(f"unknown calibration method {method!r}; expected one of {METHODS}")

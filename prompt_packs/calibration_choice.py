@@ -63,18 +63,18 @@ def fold_auc(p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> float:
     return float(np.mean(aucs)) if aucs else float("nan")
 
 
-def cross_fit(method: str, p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> np.ndarray:
+def cross_fit(method: str, p: np.ndarray, y: np.ndarray, folds: np.ndarray, *, test_bias: bool = True) -> np.ndarray:
     """Each row calibrated by a map fitted on the other folds only."""
     p, y = np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
     out = np.empty_like(p)
     for fold in np.unique(folds):
         held = folds == fold
-        out[held] = fit(method, p[~held], y[~held]).apply(p[held])
+        out[held] = fit(method, p[~held], y[~held], test_bias=test_bias).apply(p[held])
     return out
 
 
 def _select(inputs: dict[str, np.ndarray], y: np.ndarray, reference: np.ndarray, rows: np.ndarray,
-            methods: tuple[str, ...], num_folds: int, seed: int) -> tuple[tuple[str, str], dict, dict]:
+            methods: tuple[str, ...], num_folds: int, seed: int, test_bias: bool) -> tuple[tuple[str, str], dict, dict]:
     """The (input, method) kept on these rows, judged by their own out-of-fold predictions:
     the lowest log-loss among the eligible candidates. Eligible: accuracy and AUC kept
     (`keeps_quality`); and a candidate that re-ranks the rows (isotonic, whose ties move
@@ -86,7 +86,7 @@ def _select(inputs: dict[str, np.ndarray], y: np.ndarray, reference: np.ndarray,
     before = binary_metrics(reference, y) | {"auc": fold_auc(reference, y, folds)}
     first = next(iter(inputs))
     order = [(name, m) for m in methods for name in inputs]
-    held = {k: cross_fit(k[1], inputs[k[0]][rows], y, folds) for k in order}
+    held = {k: cross_fit(k[1], inputs[k[0]][rows], y, folds, test_bias=test_bias) for k in order}
     scores = {k: binary_metrics(q, y) | {"auc": fold_auc(q, y, folds)} for k, q in held.items()}
     draws = np.random.default_rng(seed).integers(0, len(y), size=(GATE_DRAWS, len(y)))
 
@@ -132,16 +132,19 @@ def choose_among_inputs(
     num_folds: int = 5,
     seed: int = 0,
     baseline: np.ndarray | None = None,
+    test_bias: bool = True,
 ) -> tuple[str, MethodChoice]:
     """Pick an input (e.g. "raw" / "calibrated") and a method for it (see `_select`):
     eligible candidates keep out-of-fold accuracy (at 0.5) and AUC no lower than the baseline
     (default: the first input itself); temperature on the first input is the fallback. The
     returned choice's calibrator is refit on every row (what a pack stores); its
-    `held_out_p` / `after` are nested (see the module docstring)."""
+    `held_out_p` / `after` are nested (see the module docstring). `test_bias`: every Platt
+    fit keeps its bias only where the fit rows support it (calibration.fit_platt); off for
+    a map whose output is only another map's input (fit_pack: a category its joint map serves)."""
     y = np.asarray(y, dtype=np.float64)
     inputs = {name: np.asarray(x, dtype=np.float64) for name, x in inputs.items()}
     reference = next(iter(inputs.values())) if baseline is None else np.asarray(baseline, dtype=np.float64)
-    (name, method), _, scores = _select(inputs, y, reference, np.arange(len(y)), methods, num_folds, seed)
+    (name, method), _, scores = _select(inputs, y, reference, np.arange(len(y)), methods, num_folds, seed, test_bias)
     outer = stratified_folds(y, num_folds, seed + 1)  # outer folds: not the inner ones
     nested = np.empty_like(y)
     fold_methods = []
@@ -150,12 +153,13 @@ def choose_among_inputs(
         if not held.any():
             continue
         train = np.flatnonzero(~held)
-        (inner_name, inner_method), _, _ = _select(inputs, y, reference, train, methods, num_folds, seed)
-        nested[held] = fit(inner_method, inputs[inner_name][train], y[train]).apply(inputs[inner_name][held])
+        (inner_name, inner_method), _, _ = _select(inputs, y, reference, train, methods, num_folds, seed, test_bias)
+        inner_map = fit(inner_method, inputs[inner_name][train], y[train], test_bias=test_bias)
+        nested[held] = inner_map.apply(inputs[inner_name][held])
         fold_methods.append(f"{inner_method} ({inner_name})" if len(inputs) > 1 else inner_method)
     suffix = (lambda k: f"{k[1]} ({k[0]})") if len(inputs) > 1 else (lambda k: k[1])
     choice = MethodChoice(
-        method=method, calibrator=fit(method, inputs[name], y), held_out_p=nested,
+        method=method, calibrator=fit(method, inputs[name], y, test_bias=test_bias), held_out_p=nested,
         before=binary_metrics(reference, y) | {"auc": fold_auc(reference, y, outer)},
         after=binary_metrics(nested, y) | {"auc": fold_auc(nested, y, outer)},
         candidates={suffix(k): v for k, v in scores.items()}, num_flipped=num_flipped(reference, nested),

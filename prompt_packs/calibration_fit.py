@@ -28,6 +28,7 @@ from prompt_packs.decision_fit import (
     category_outcomes,
     fit_joint_decisions,
     fit_thresholds,
+    joint_served,
 )
 from prompt_packs.format import (
     Calibration,
@@ -80,6 +81,10 @@ def fit_pack(pack: Pack, rows: list[ScoredRow], *, num_folds: int = 5, seed: int
     categories: dict[str, choice_.MethodChoice] = {}
     category_inputs: dict[str, str] = {}
     raw_category: dict[str, np.ndarray] = {}
+    labels_of = [r.labels for r in rows]
+    # a category its joint map serves is only that map's input: no row is judged at its 0.5,
+    # so its Platt fits keep their bias untested (the joint map's log-loss decides)
+    inputs_only = joint_served(pack, labels_of, num_folds=num_folds)
     for category in pack.categories:
         y = np.array([float(category.id in r.labels) for r in rows])
         raw = np.array([combine_scores(category, pack, {**r.choices, **r.questions}) for r in rows])
@@ -91,12 +96,12 @@ def fit_pack(pack: Pack, rows: list[ScoredRow], *, num_folds: int = 5, seed: int
         # the category map may read the combine of calibrated question scores or of raw
         # ones; both are judged against the uncalibrated pack, inside the nested choice
         best, chosen = choice_.choose_among_inputs({"raw": raw, "calibrated": merged}, y, num_folds=num_folds,
-                                                   seed=seed, baseline=raw)
+                                                   seed=seed, baseline=raw,
+                                                   test_bias=category.id not in inputs_only)
         categories[category.id], category_inputs[category.id] = chosen, best
         raw_category[category.id] = raw
     fit = PackFit(questions, categories, held_out=f"{num_folds}-fold stratified cross-fit (seed {seed})",
                   category_inputs=category_inputs)
-    labels_of = [r.labels for r in rows]
     where = {"num_folds": num_folds, "seed": seed}
     fit.joint = fit_joint_decisions(pack, labels_of, raw_category, categories, **where)
     fit.outcomes = category_outcomes(pack, labels_of, raw_category, categories, fit.joint, **where)

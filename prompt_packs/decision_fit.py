@@ -45,12 +45,24 @@ class CategoryOutcome:
     num_flipped: int  # rows whose side of 0.5 differs from the raw category score
 
 
+def single_label_rows(classes: list[str], labels_of: list[list[str]]) -> np.ndarray:
+    """The rows labelled with exactly one of `classes`: what a joint map is fitted and judged on."""
+    return np.array([i for i, labels in enumerate(labels_of) if len(set(labels) & set(classes)) == 1], dtype=int)
+
+
+def joint_served(pack: Pack, labels_of: list[list[str]], *, num_folds: int) -> set[str]:
+    """The categories a joint map will serve (category_outcomes): those of an argmax decision
+    whose single-label rows are every row. Known from the labels alone, before any fit."""
+    return {c for d in pack.decisions if d.argmax_of and len(labels_of) >= 2 * num_folds
+            and len(single_label_rows(d.argmax_of, labels_of)) == len(labels_of) for c in d.argmax_of}
+
+
 def fit_joint_decisions(pack: Pack, labels_of: list[list[str]], raw: dict[str, np.ndarray],
                         fitted: dict[str, MethodChoice], *, num_folds: int, seed: int) -> dict[str, JointDecision]:
     out = {}
     for decision in pack.decisions:
         classes = decision.argmax_of
-        rows = np.array([i for i, labels in enumerate(labels_of) if len(set(labels) & set(classes)) == 1], dtype=int)
+        rows = single_label_rows(classes, labels_of)
         if not classes or len(rows) < 2 * num_folds:
             continue
         labels = np.array([classes.index(next(c for c in labels_of[i] if c in classes)) for i in rows])

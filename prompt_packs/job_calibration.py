@@ -10,13 +10,15 @@
                       (nested 5-fold) side by side (method_comparison), and the diagrams
 
 Pure (numpy; matplotlib only inside `write_job_report`): the workers call these when a job
-or batch ends, and again on a cancelled job's finished rows; rows still running carry raw
+or batch ends (workers/job_calibration.py); the API calls them on a cancelled job's finished
+rows each time it returns them (api/cancelled_results.py); rows of a running job carry raw
 values only. A prior is the mean of p over the rows that answered (error rows count not).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -27,28 +29,46 @@ from prompt_packs.method_comparison import compare_methods, method_probabilities
 MIN_LABELLED_ROWS = 20  # fewer labelled rows (or one class only) give no report for a query
 
 
-def _combinations(row: dict):
+def _combinations(row: dict, batch_only: bool = False):
     response = row.get("response")
     for result in (response or {}).get("results", []):
+        if batch_only and result.get("calibrate") != "batch":
+            continue
         for index, combination in enumerate(result["combinations"]):
             if combination.get("options"):
                 yield f"{result['id']}/{index}", combination["options"]
 
 
-def job_priors(rows: list[dict], queries: set[str] | None = None) -> dict[str, list[float]]:
-    """Mean p per option over the rows, per (query, combination); `queries`: only these ids."""
-    sums: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
-    for row in rows:
-        for key, options in _combinations(row):
-            if queries is not None and key.rsplit("/", 1)[0] not in queries:
-                continue
-            p = np.array([o["p"] for o in options], dtype=np.float64)
-            if key in sums and len(sums[key]) != len(p):
-                raise ValueError(f"{key}: rows answer with {len(p)} and {len(sums[key])} options")
-            sums[key] = sums.get(key, 0.0) + p
-            counts[key] = counts.get(key, 0) + 1
-    return {key: (total / counts[key]).tolist() for key, total in sums.items()}
+class PriorSums:
+    """The running sums behind `job_priors`, for rows read a chunk at a time (a job's results
+    from Redis or S3). `queries`: only these query ids; `batch_only`: only the results whose
+    query asked for calibrate "batch"."""
+
+    def __init__(self, queries: set[str] | None = None, *, batch_only: bool = False) -> None:
+        self.queries, self.batch_only = queries, batch_only
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, rows: Iterable[dict]) -> None:
+        for row in rows:
+            for key, options in _combinations(row, self.batch_only):
+                if self.queries is not None and key.rsplit("/", 1)[0] not in self.queries:
+                    continue
+                p = np.array([o["p"] for o in options], dtype=np.float64)
+                if key in self.sums and len(self.sums[key]) != len(p):
+                    raise ValueError(f"{key}: rows answer with {len(p)} and {len(self.sums[key])} options")
+                self.sums[key] = self.sums.get(key, 0.0) + p
+                self.counts[key] = self.counts.get(key, 0) + 1
+
+    def priors(self) -> dict[str, list[float]]:
+        return {key: (total / self.counts[key]).tolist() for key, total in self.sums.items()}
+
+
+def job_priors(rows: list[dict], queries: set[str] | None = None, *, batch_only: bool = False) -> dict[str, list[float]]:
+    """Mean p per option over the rows that answered, per (query, combination)."""
+    sums = PriorSums(queries, batch_only=batch_only)
+    sums.add(rows)
+    return sums.priors()
 
 
 def with_batch_columns(rows: list[dict], priors: dict[str, list[float]]) -> list[dict]:

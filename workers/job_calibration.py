@@ -8,7 +8,8 @@
                                           datasets: <output>/calibration/report.{json,md} + PNGs
 
 Runs before the job is marked succeeded, so a client never sees a finished job without its
-columns; rows read while the job runs carry raw values only.
+columns; rows read while the job runs carry raw values only. A cancelled job never gets here:
+the API adds its columns to the rows it returns (api/cancelled_results.py).
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ from prompt_packs.job_calibration import (
     with_batch_columns,
     write_job_report,
 )
-
-
-def _batch_query_ids(rows: list[dict]) -> set[str]:
-    return {result["id"] for row in rows for result in (row.get("response") or {}).get("results", [])
-            if result.get("calibrate") == "batch"}
 
 
 def _read_chunks(r: Redis, s3, job_id: str, record: dict, num_chunks: int) -> dict[int, list[dict]]:
@@ -61,8 +57,7 @@ def calibrate_finished_job(r: Redis, s3, job_id: str, record: dict) -> None:
     num_chunks = int(record.get("num_chunks") or 0)
     chunks = _read_chunks(r, s3, job_id, record, num_chunks)
     every = [row for rows in chunks.values() for row in rows]
-    wanted = _batch_query_ids(every)
-    priors = job_priors(every, wanted) if wanted else {}
+    priors = job_priors(every, batch_only=True)
     if priors:
         for index, rows in chunks.items():
             chunks[index] = with_batch_columns(rows, priors)

@@ -3,8 +3,10 @@
     POST /v1/jobs [Idempotency-Key] -> 201 JobView (200 with the same job on a retried key)
     GET  /v1/jobs?after&limit       -> JobList (the caller's jobs, newest first)
     GET  /v1/jobs/{id}              -> JobView (404 for another key's job)
+    GET  /v1/jobs/{id}/calibration  -> the labelled rows' calibration report (JSON; 404 without labels)
     GET  /v1/jobs/{id}/results      -> JSONL rows {custom_id, response} | {custom_id, error}
-                                       (a sync call's job: `response` is its route's reply, api.sync_replies)
+                                       (a sync call's job: `response` is its route's reply, api.sync_replies;
+                                       a cancelled job: batch_p from its returned rows, api.cancelled_results)
     POST /v1/jobs/{id}/cancel       -> JobView
 S3 locations are checked against the key's allow-lists (403) before any S3 call.
 """
@@ -20,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
+from api.cancelled_results import own_batch_columns
 from api.deps import KeyDep, PacksDep, RedisDep, S3Dep, SettingsDep
 from api.errors import ApiError
 from api.json_body import StrictJsonRoute
@@ -27,7 +30,7 @@ from api.served import resolve_model
 from api.sync_calls import check_packs
 from api.sync_replies import ReplyContext, route_reply
 from contract import queues
-from contract.payloads import JobCreate, JobList, JobView
+from contract.payloads import JobCreate, JobList, JobStatus, JobView
 from contract.s3_uri import S3Access, S3Uri, is_allowed, parse_s3_uri
 from contract.settings import ApiKey, Settings
 from jobstore import datasets, owner_index, records
@@ -128,6 +131,41 @@ def cancel_job(job_id: str, key: KeyDep, r: RedisDep, settings: SettingsDep) -> 
     return records.load_view(r, job_id)
 
 
+@router.get("/v1/jobs/{job_id}/calibration",
+            responses={200: {"content": {"application/json": {"schema": {"type": "object"}}},
+                             "description": "prompt_packs.job_calibration.job_report's JSON"}})
+def job_calibration(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: SettingsDep) -> Response:
+    """The calibration report of a job whose rows carried `labels`, once it has ended: per
+    two-option query, raw, contextual, batch and a nested labelled fit side by side. A dataset
+    job's is `<output>/calibration/report.json` (its Markdown and diagrams beside it)."""
+    record = _load_owned(r, job_id, key)
+    status = records.status_of(record)
+    if not status.is_terminal:
+        raise ApiError(409, f"job {job_id} is {status.value}; its calibration report is written when it has ended")
+    if record.get("calibration_report"):
+        return Response(record["calibration_report"], media_type="application/json")
+    if record.get("output"):
+        report = _s3_report(s3, S3Uri.from_stored(record["output"]).join("calibration/report.json"), settings)
+        if report is not None:
+            return Response(report, media_type="application/json")
+    raise ApiError(404, f"job {job_id} has no calibration report: none of its rows carried labels, or it"
+                        " ended before every row was scored")
+
+
+def _s3_report(s3, uri: S3Uri, settings: Settings) -> bytes | None:
+    """The object's bytes; None when there is none (503 while S3 cannot be read)."""
+    try:
+        return get_bytes(s3, uri)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        failure = error
+    except BotoCoreError as error:
+        failure = error
+    raise ApiError(503, f"the report cannot be read from S3 now ({failure}); try again",
+                   headers={"Retry-After": str(settings.retry_after_s)})
+
+
 @router.get("/v1/jobs/{job_id}/results")
 def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: SettingsDep) -> StreamingResponse:
     """The result rows as JSONL, streamed chunk by chunk in input order (503 while S3 cannot be read)."""
@@ -136,15 +174,21 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: Sett
     if not status.is_terminal:
         raise ApiError(409, f"job {job_id} is {status.value}; results are ready when it has ended")
     num_chunks = int(record.get("num_chunks") or 0)
+    if record.get("route"):  # a sync call's job: its one row holds the route's reply
+        rows = [_sync_row(r, settings, record, key, b"".join(records.iter_inline_results(r, job_id, num_chunks)))]
+        return StreamingResponse(rows, media_type="application/jsonl")
     if record.get("output"):
         output = S3Uri.from_stored(record["output"])
         summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].cancelled]
-        rows = _dataset_rows(r, s3, settings, job_id, output, written)
-    elif record.get("route"):  # a sync call's job: its one row holds the route's reply
-        rows = [_sync_row(r, settings, record, key, b"".join(records.iter_inline_results(r, job_id, num_chunks)))]
+
+        def read() -> Iterator[bytes]:
+            return _dataset_rows(r, s3, settings, job_id, output, written)
     else:
-        rows = records.iter_inline_results(r, job_id, num_chunks)
+        def read() -> Iterator[bytes]:
+            return records.iter_inline_results(r, job_id, num_chunks)
+    # a cancelled job's rows get batch_p from their own priors, each time they are returned
+    rows = own_batch_columns(read, settings.retry_after_s) if status == JobStatus.CANCELLED else read()
     return StreamingResponse(rows, media_type="application/jsonl")
 
 

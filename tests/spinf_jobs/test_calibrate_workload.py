@@ -64,3 +64,24 @@ def test_queries_without_messages_make_a_pack():
 
     pack = pack_from_request({"queries": [{"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]}]})
     assert [q.id for q in pack.questions] == ["refund"] and pack.questions[0].positive == [" yes"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body", [
+    {"queries": [{"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]}]},
+    {"scoring": {"queries": [{"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"]}]}},
+])
+def test_queries_without_messages_are_scored_fitted_and_written(tmp_path, service_model_dir, body):
+    """The whole command on a real (tiny) model: a queries file, or a scoring request, with no
+    `messages` field; the content is each labelled row's text."""
+    queries, data = tmp_path / "q.json", tmp_path / "rows.jsonl"
+    queries.write_text(json.dumps(body))
+    data.write_text("".join(json.dumps({"id": str(i), "text": f"Order {i}: {'refund me' if i % 2 else 'thanks'}.",
+                                        "labels": ["refund"] if i % 2 else []}) + "\n" for i in range(40)))
+    assert main(["calibrate", "--queries", str(queries), "--data", str(data), "--model", str(service_model_dir),
+                 "--device", "cpu", "--reports-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "request" / "queries" / "report.json").read_text())
+    assert report["categories"]["refund"]["before"]["num_rows"] == 40
+    assert report["categories"]["refund"]["before"]["num_positive"] == 20
+    fitted = (tmp_path / "request" / "queries" / "pack.yaml").read_text()
+    assert "calibration:" in fitted and "refund" in fitted
