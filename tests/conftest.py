@@ -274,8 +274,10 @@ class SlowEngine:
                 on_result(index, *built)
 
         def slow_refill():  # each job the stream takes on waits as a batch's would
-            time.sleep(self.delay_s)
-            return refill()
+            more = refill()
+            if more:
+                time.sleep(self.delay_s)
+            return more
 
         return self._engine.score_batch(requests, while_waiting, slowly, arrivals,
                                         None if refill is None else slow_refill)

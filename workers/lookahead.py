@@ -74,11 +74,6 @@ class LookAhead:
         return self.num_tokens >= self.num_passes * self._engines[self.model].config.max_num_batched_tokens
 
     @property
-    def is_counting(self) -> bool:
-        """A held job has rows not counted yet."""
-        return bool(self._uncounted)
-
-    @property
     def is_done(self) -> bool:
         """Nothing left to do: closed, or every held row counted and either full or drained."""
         return self.is_closed or (not self._uncounted and (self.is_full or self.is_drained))

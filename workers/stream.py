@@ -5,14 +5,14 @@
       --workers.tasks.score_rows: one Engine.score_batch, asked as it packs for
         arrivals(): sync calls queued since the last look, packed into the next pass first
         refill():   when no row is left to pack, the jobs the look-ahead holds ready (every
-                    row compiled in the GPU waits; on CPU, taken and compiled then), so the
-                    passes go on without a break
+                    row compiled in the GPU waits), so the passes go on without a break
       --> each job performed (settled, ended in RQ), counted in the worker's rates, let go
     -> what was not performed early (a slot row, an error the batch raised) performed at its end
 
-A stream ends when the engine runs out of rows and no job of its model is queued (or a row
-with extraction slots is in: slots are decoded after the last pass); the worker then waits for
-its next job. A job that needs no scoring (a plan step, a chunk that
+A stream ends when the engine runs out of rows and the look-ahead holds none ready (always so
+on CPU, where a pass is done when launched and nothing is gathered during it), or once a row
+with extraction slots is in (slots are decoded after the last pass); the worker then scores
+what the look-ahead holds, or waits for its next job. A job that needs no scoring (a plan step, a chunk that
 did not load, a cancelled chunk) is performed as it joins.
 
 The worker using it has `engines`, `connection`, `rates`, `_ahead`, `_stop`, `_take`,
@@ -21,7 +21,6 @@ The worker using it has `engines`, `connection`, `rates`, `_ahead`, `_stop`, `_t
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -32,8 +31,6 @@ from jobstore.chunks import RowSlot
 from workers import tasks
 from workers.lookahead import HeldJob
 from workers.row_progress import RowProgress
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -84,22 +81,11 @@ class StreamRunner:
         return self._compiled(stream, self._join(stream, taken))
 
     def _refill(self, stream: Stream) -> list[tuple[RowSlot, object]]:
-        """The look-ahead's jobs whose rows are all compiled, for the engine that ran out of rows
-        (Engine.score_batch's `refill`). On CUDA the look-ahead stepped in the GPU waits and is
-        ready; otherwise it takes and compiles a pass budget's worth now. None (the stream ends)
-        when no job of this model is queued."""
+        """The look-ahead's jobs whose rows are all compiled (it steps in the GPU waits), for the
+        engine that ran out of rows (Engine.score_batch's `refill`); none, and the stream ends,
+        when it holds none of this model (on CPU nothing waits, so nothing is ever ready)."""
         ahead = self._ahead
-        if self._stop.is_set() or ahead is None:
-            return []
-        budget = self.engines[stream.model].config.max_num_batched_tokens
-        try:
-            while ahead.model in (None, stream.model) and (ahead.is_counting or ahead.num_tokens < budget) \
-                    and ahead.step():
-                pass
-        except Exception:  # ends the look-ahead only; what it holds is scored next
-            log.exception("gathering more rows for the stream failed")
-            ahead.close()
-        if ahead.model != stream.model:
+        if self._stop.is_set() or ahead is None or ahead.model != stream.model:
             return []
         return self._compiled(stream, self._join(stream, ahead.take_ready()))
 

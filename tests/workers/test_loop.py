@@ -180,8 +180,8 @@ def test_a_stopping_worker_scores_what_it_gathered_ahead(make_settings, service_
                                               passes_in_flight, "s", 2)
     score_rows, scored = tasks.score_rows, []
 
-    def score_then_stop(engine, rows, compiled=None, while_waiting=None, arrivals=None):
-        score_rows(engine, rows, compiled, while_waiting, arrivals)
+    def score_then_stop(engine, rows, compiled=None, while_waiting=None, arrivals=None, refill=None):
+        score_rows(engine, rows, compiled, while_waiting, arrivals, refill)
         scored.append([slot.custom_id for slot in rows])
         worker.stop()  # asked to stop during the first batch, with the second job held
 
@@ -201,8 +201,8 @@ def test_a_stopping_worker_takes_no_new_job(make_settings, service_engine, servi
                                                    passes_in_flight, "s", 2)
     score_rows, late = tasks.score_rows, []
 
-    def score_then_stop(engine_, rows, compiled=None, while_waiting=None, arrivals=None):
-        score_rows(engine_, rows, compiled, while_waiting, arrivals)
+    def score_then_stop(engine_, rows, compiled=None, while_waiting=None, arrivals=None, refill=None):
+        score_rows(engine_, rows, compiled, while_waiting, arrivals, refill)
         if not late:
             late.append(_submit(r, worker.settings, engine.model_name, 1, "late", is_sync=True))
             worker.stop()
@@ -215,15 +215,23 @@ def test_a_stopping_worker_takes_no_new_job(make_settings, service_engine, servi
 
 def test_a_sync_call_is_not_pushed_back_by_the_look_ahead(make_settings, service_engine, service_engine_factory,
                                                           passes_in_flight):
-    """A sync job that arrives after the look-ahead filled the next batch still rides in it."""
+    """A sync job that arrives after the look-ahead filled the next batch still rides in it,
+    ahead of that batch's rows."""
     engine, r, batch_jobs, worker = _one_row_per_step(make_settings, service_engine, service_engine_factory,
                                                       passes_in_flight, "q", 3)
-    worker.drain_once(block_s=1)  # scores q0; the look-ahead holds q1 (the budget is full)
+    worker.drain_once(block_s=1)  # scores q0 (and what the stream took on); the look-ahead holds the next
+    held = [item.job.id for item in worker._ahead.held] if worker._ahead is not None else []
+    assert held, "the look-ahead held nothing after the first batch"
     sync_job = _submit(r, worker.settings, engine.model_name, 1, "late", is_sync=True)
-    worker.drain_once(block_s=1)
-    assert records.load_view(r, sync_job).status == JobStatus.SUCCEEDED
-    assert records.load_view(r, batch_jobs[1]).status == JobStatus.SUCCEEDED
-    assert records.load_view(r, batch_jobs[2]).progress.done == 0
+    drain_until_settled(worker, [sync_job, *batch_jobs])
+    sync_pass = min(_passes(r, sync_job))
+    for job_id in batch_jobs:
+        if chunk_rq_id(job_id, 0) in held:
+            assert sync_pass < min(_passes(r, job_id)), "the sync call waited behind the batch held ahead"
+
+
+def _passes(r, job_id) -> set[int]:
+    return {int(p.decode().rsplit("/", 1)[1]) for p in r.smembers(queues.passes_key(job_id))}
 
 
 def test_a_performed_chunk_job_keeps_its_summary_as_its_rq_result(make_settings, service_engine):
@@ -330,7 +338,7 @@ def test_a_sync_call_joins_the_batch_in_flight(make_settings, service_engine, se
     late, batches, sync_done_before_last = [], [], []
     original = engine.score_batch
 
-    def spying(compiled, while_waiting=None, on_result=None, arrivals=None):
+    def spying(compiled, while_waiting=None, on_result=None, arrivals=None, refill=None):
         calls = [0]
 
         def arrivals_spy():
@@ -344,7 +352,7 @@ def test_a_sync_call_joins_the_batch_in_flight(make_settings, service_engine, se
             if late and index == len(compiled):  # the arrival's response: its job is settled now
                 sync_done_before_last.append(records.load_view(r, late[0]).status)
 
-        output = original(compiled, while_waiting, on_result_spy, arrivals_spy)
+        output = original(compiled, while_waiting, on_result_spy, arrivals_spy, refill)
         batches.append((len(compiled), len(output.results), output.pass_ids))
         return output
 
