@@ -15,8 +15,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from jobstore.connections import unavailable_bound_s
-from reliability.servers import RedisProcess
-from tests.conftest import _redis_executable, free_port
+from reliability.servers import RedisProcess, free_port, redis_executable
 
 pytestmark = pytest.mark.redis
 
@@ -42,7 +41,7 @@ def test_sync_wait_past_the_socket_timeout_is_a_504_with_the_job_id(make_setting
 @pytest.fixture
 def own_redis(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([_redis_executable(), "--port", str(port), "--bind", "127.0.0.1", "--dir",
+    proc = subprocess.Popen([redis_executable(), "--port", str(port), "--bind", "127.0.0.1", "--dir",
                              str(tmp_path), "--save", "", "--appendonly", "no"])
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 20
