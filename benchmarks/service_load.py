@@ -76,7 +76,8 @@ def start_api(redis_url: str, model: str, chunk_num_rows: int, folder: Path) -> 
         if process.poll() is not None:
             raise RuntimeError(f"the API exited:\n{(folder / 'api.log').read_text()[-3000:]}")
         try:
-            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
+            # 503 is an answer too: no worker is live until serve_plan publishes one
+            if httpx.get(base_url + "/health", timeout=2).status_code in (200, 503):
                 return process, base_url
         except httpx.HTTPError:
             pass
