@@ -48,8 +48,9 @@ class HeldJob:
 
 
 TakeJob = Callable[[str | None], HeldJob | None]
-"""Hold the next queued job of this model (of any model when None), sync queues first; None
-when there is none. Never blocks."""
+"""Hold the next queued job of this model (of any model when None); None when there is none.
+Never blocks. The worker's take for its look-ahead skips the sync queues: a sync call that
+comes while a stream runs joins the stream's next pass (Engine.score_batch's `arrivals`)."""
 
 
 class LookAhead:

@@ -39,6 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 
 import orjson
 from redis import Redis
@@ -235,7 +236,8 @@ class GreedyWorker(StreamRunner, QueueReader, SimpleWorker):
         """Begin the next batch; the returned step runs in the engine's GPU waits."""
         if self._stop.is_set():
             return None
-        self._ahead = ahead = LookAhead(self.engines, self._take, self.settings.worker_batch_passes)
+        self._ahead = ahead = LookAhead(self.engines, partial(self._take, batch_only=True),
+                                        self.settings.worker_batch_passes)
 
         def step() -> bool:
             self._check_hand_back()
@@ -249,11 +251,13 @@ class GreedyWorker(StreamRunner, QueueReader, SimpleWorker):
 
         return step
 
-    def _take(self, model: str | None, sync_only: bool = False) -> HeldJob | None:
+    def _take(self, model: str | None, sync_only: bool = False, batch_only: bool = False) -> HeldJob | None:
         """Hold the first job queued for `model` (any model when None), sync queues first;
-        never blocks (LookAhead's `take`)."""
+        never blocks. The look-ahead takes batch jobs only (`batch_only`): a sync call that
+        comes while a stream runs is the stream's next arrival, not a row of the batch after it."""
         in_order = [q for q in self.queues if (model is None or self.model_of_queue[q.name] == model)
-                    and (not sync_only or q.name in self._sync_queue_names)]
+                    and (not sync_only or q.name in self._sync_queue_names)
+                    and (not batch_only or q.name not in self._sync_queue_names)]
         taken = self._pop(in_order)
         return None if taken is None else self._hold(*taken)
 

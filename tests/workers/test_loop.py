@@ -370,3 +370,25 @@ def test_a_sync_call_joins_the_batch_in_flight(make_settings, service_engine, se
                                                   scoring=SPEC)]).results[0]
     assert result["response"]["results"] == alone.model_dump(mode="json", exclude_none=True)["results"]
     assert len(_rows(r, batch_job)) == 8
+
+
+def test_the_look_ahead_leaves_sync_calls_to_the_stream_in_flight(make_settings, service_engine):
+    """Stepped in the GPU waits, the look-ahead takes batch jobs only: a sync call queued then
+    is the running stream's next arrival, not a row of the batch after it (held there, it
+    waited until the stream ran out of rows). At the batch boundary it is taken first."""
+    settings = make_settings(chunk_num_rows=1)
+    r = redis.Redis.from_url(settings.redis_url)
+    model = service_engine.model_name
+    batch_job = _submit(r, settings, model, 2, "b")
+    sync_job = _submit(r, settings, model, 1, "s", is_sync=True)
+    worker = make_worker(settings, service_engine)
+    step = worker._look_ahead()
+    for _ in range(20):
+        if not step():
+            break
+    held = [item.job.id for item in worker._ahead.held]
+    assert held and all(job_id.startswith(f"{batch_job}-c") for job_id in held), held
+    assert chunk_rq_id(sync_job, 0) not in held
+    assert Queue(queues.queue_pair(model).sync, connection=r).count == 1  # still queued for arrivals
+    finished = worker._finish_ahead()
+    assert chunk_rq_id(sync_job, 0) in [item.job.id for item in finished.held]
