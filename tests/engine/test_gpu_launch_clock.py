@@ -47,7 +47,8 @@ def test_gpu_passes_are_packed_late_and_score_the_same_bits():
         return []
 
     late = engine.score_batch(compiled, arrivals=arrivals)
-    assert [r.model_dump() for r in late.results] == [r.model_dump() for r in at_once.results]
+    # the scores (usage differs: the floors the first batch computed are cached for the later ones)
+    assert [r.model_dump()["results"] for r in late.results] == [r.model_dump()["results"] for r in at_once.results]
     assert engine.launch_clock.seconds_per_token is not None and engine.launch_clock.launch_s is not None
     passes = {p["pass_id"]: p for p in log.passes()}
     first_look = {}
