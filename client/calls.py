@@ -1,9 +1,12 @@
-"""What the sync and the async client share: configuration, request bodies, retries, errors.
+"""What the sync and the async client share: configuration, the calls, retries, errors.
 
     SPINF_BASE_URL, SPINF_API_KEY (or arguments) --> ClientConfig --> httpx headers and base URL
+    score_call(request), job_call(job_id), ... --> Call(method, path, body or params, read): what
+        each call sends and how its answer is read; a client sends it and hands `read` the answer
     a response: 429/503 --retry_delay (Retry-After, else backoff)--> sleep and send again (max_retries)
                 other >= 400 --> SpinfError(status, message, param)
     job_body / dataset_body / read_items: the POST /v1/jobs bodies (contract models, validated here)
+    JobWait: when a polled job's wait ends; JobPages: GET /v1/jobs page after page
 
 No I/O beyond reading a local JSONL file; the clients own the sockets and the sleeping.
 """
@@ -13,15 +16,15 @@ from __future__ import annotations
 import email.utils
 import os
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import orjson
 
-from contract.payloads import JobCreate, JobItem, JobView
-from contract.protocol import PackRef, ScoringSpec
+from contract.payloads import JobCreate, JobItem, JobList, JobView
+from contract.protocol import PackRef, ScoringRequest, ScoringResponse, ScoringSpec
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = (429, 503)
@@ -115,3 +118,100 @@ def read_items(path: Path | str) -> list[JobItem]:
 
 def is_finished(view: JobView) -> bool:
     return view.status.is_terminal
+
+
+# ---- the calls: what each sends, how its answer is read -----------------------------------
+
+
+def _json(response: httpx.Response) -> dict:
+    return response.json()
+
+
+def _job_view(response: httpx.Response) -> JobView:
+    return JobView.model_validate(response.json())
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of the API as data: either client sends it (`options` are httpx's) and returns
+    `read(answer)`."""
+
+    method: str
+    path: str
+    read: Callable[[httpx.Response], object]
+    options: dict = field(default_factory=dict)  # json= or params=
+
+
+def score_call(request: ScoringRequest | dict) -> Call:
+    body = request.model_dump(mode="json", exclude_none=True) if isinstance(request, ScoringRequest) else request
+    return Call("POST", "/v1/score", lambda response: ScoringResponse.model_validate(response.json()), {"json": body})
+
+
+def decide_call(body: dict) -> Call:
+    return Call("POST", "/v1/decide", _json, {"json": body})
+
+
+def decisions_call(body: dict) -> Call:
+    return Call("POST", "/v1/decisions", _json, {"json": body})
+
+
+def create_job_call(body: dict) -> Call:
+    return Call("POST", "/v1/jobs", _job_view, {"json": body})
+
+
+def job_call(job_id: str) -> Call:
+    return Call("GET", f"/v1/jobs/{job_id}", _job_view)
+
+
+def cancel_call(job_id: str) -> Call:
+    return Call("POST", f"/v1/jobs/{job_id}/cancel", _job_view)
+
+
+def results_path(job_id: str) -> str:
+    return f"/v1/jobs/{job_id}/results"
+
+
+def result_row(line: str) -> dict | None:
+    """A results line as its row; None for a blank line."""
+    return orjson.loads(line) if line.strip() else None
+
+
+@dataclass(slots=True)
+class JobWait:
+    """A wait for a job to end: `ended(view)` after every poll calls `progress(view)`, is True once
+    the job has ended, and raises TimeoutError past `timeout_s`."""
+
+    job_id: str
+    progress: Callable[[JobView], None] | None = None
+    timeout_s: float | None = None
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        self.deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+
+    def ended(self, view: JobView) -> bool:
+        if self.progress is not None:
+            self.progress(view)
+        if is_finished(view):
+            return True
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TimeoutError(f"job {self.job_id} is still {view.status.value}")
+        return False
+
+
+@dataclass(slots=True)
+class JobPages:
+    """GET /v1/jobs page after page (`limit`, then `after` the last id) while `more`."""
+
+    page_size: int
+    more: bool = True
+    after: str | None = None
+
+    def next_call(self) -> Call:
+        params = {"limit": self.page_size} | ({"after": self.after} if self.after is not None else {})
+        return Call("GET", "/v1/jobs", self._read, {"params": params})
+
+    def _read(self, response: httpx.Response) -> list[JobView]:
+        page = JobList.model_validate(response.json())
+        self.more, self.after = page.has_more, page.last_id
+        return page.data

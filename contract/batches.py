@@ -22,13 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from contract.files import ExpiresAfter
 from contract.pages import ListPage
 from contract.protocol import plain_text
+from contract.settings import LIMITS
 
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600
 MAX_METADATA_KEYS = 16  # OpenAI's metadata bounds
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
-MAX_CUSTOM_ID_CHARS = 512
+MAX_CUSTOM_ID_CHARS = LIMITS.max_custom_id_chars  # a line's custom_id, as a job row's
 
 
 class BatchStatus(str, enum.Enum):

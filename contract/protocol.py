@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -46,6 +47,7 @@ MAX_BEAM_WIDTH = 32
 DEFAULT_EXTRACT_MAX_TOKENS = 16  # extraction answers are short: a name, a month, a number
 DEFAULT_GENERATE_MAX_TOKENS = 64
 MAX_SLOT_TOKENS = 512
+CALIBRATE_MODES = ("contextual", "batch")  # a query's (or a spec's) `calibrate`
 SLOT_FIELDS = ("mode", "beam_width", "max_tokens", "seed", "temperature", "floor", "allow_empty")  # extraction-only fields
 
 
@@ -109,6 +111,7 @@ class Query(_Strict):
     # (p divided by the job's mean p) once every row of the job is scored
     calibrate: Literal["contextual", "batch"] | None = None
     _parsed: ParsedTemplate = PrivateAttr()  # set by the validator (a frozen model: never stale)
+    _parsed_from: str | None = PrivateAttr(default=None)  # the template string `_parsed` was parsed from
 
     @property
     def parsed_template(self) -> ParsedTemplate:
@@ -127,11 +130,7 @@ class Query(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Query:
-        try:
-            parsed = parse_template(self.template)
-        except TemplateError as error:
-            raise ValueError(f"template: {error}") from None
-        self._parsed = parsed
+        parsed = self._parse()
         if parsed.slot in EXTRACTION_SLOTS:
             _check_slot(self, parsed.slot, parsed.tail)
         if self.calibrate is not None and parsed.slot != OPTION_SLOT:
@@ -158,6 +157,17 @@ class Query(_Strict):
                 f"values: the grid has {num_combinations} combinations, more than {MAX_NUM_COMBINATIONS}"
             )
         return self
+
+    def _parse(self) -> ParsedTemplate:
+        """`template` parsed once, though a Query is checked again in each model validated around it
+        (after-validators run on instances too); a copy with a new template parses that one."""
+        if self._parsed_from is not self.template:
+            try:
+                self._parsed = parse_template(self.template)
+            except TemplateError as error:
+                raise ValueError(f"template: {error}") from None
+            self._parsed_from = self.template
+        return self._parsed
 
 
 def _check_slot(query: Query, slot: str, tail: str) -> None:
@@ -220,12 +230,25 @@ class ScoringSpec(_Strict):
 
 
 def _with_calibrate(query: Any, calibrate: Any) -> Any:
-    """A query (a dict or a Query) with `calibrate` where it is an option query without its own."""
-    if isinstance(query, Query):
-        own = "calibrate" in query.model_fields_set or query.slot != OPTION_SLOT
-        return query if own else query.model_copy(update={"calibrate": calibrate})
-    if not isinstance(query, dict) or "calibrate" in query or not isinstance(query.get("template"), str):
+    """A query (a dict or a Query) with `calibrate` where it is an option query without its own.
+    A dict is validated here, its template parsed this once, and goes on as its Query; one that
+    is refused goes on as it came, for the `queries` field to name its fault (and with a
+    `calibrate` that is no mode, as `_dict_with_calibrate` makes it)."""
+    if isinstance(query, dict) and "calibrate" not in query and isinstance(query.get("template"), str):
+        if calibrate not in CALIBRATE_MODES:
+            return _dict_with_calibrate(query, calibrate)
+        try:
+            query = Query.model_validate(query)
+        except ValidationError:
+            return query
+    if not isinstance(query, Query) or "calibrate" in query.model_fields_set or query.slot != OPTION_SLOT:
         return query
+    return query.model_copy(update={"calibrate": calibrate})
+
+
+def _dict_with_calibrate(query: dict, calibrate: Any) -> dict:
+    """A query dict with `calibrate` where its template is an option query's (the spec's
+    `calibrate` is no mode: the request is refused, the query's own error naming it too)."""
     try:
         is_option_query = parse_template(query["template"]).slot == OPTION_SLOT
     except TemplateError:

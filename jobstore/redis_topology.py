@@ -25,6 +25,8 @@ Redis Cluster is not supported: RQ needs multi-key commands on one node.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -42,8 +44,12 @@ FAILOVER_RETRY_S = 30.0  # about: 40 retries, backoff 0.05 s doubling to at most
 NO_REPLICAS_REPLY = "NOREPLICAS"  # a master with fewer good replicas than min-replicas-to-write
 
 
-def _master_lost_its_replicas(error: ResponseError) -> bool:
-    return str(error).startswith(NO_REPLICAS_REPLY)
+def _failover_error(error: ResponseError) -> ConnectionError | None:
+    """A NOREPLICAS reply as the ConnectionError that makes the client ask the sentinels again;
+    None for any other reply."""
+    if not str(error).startswith(NO_REPLICAS_REPLY):
+        return None
+    return ConnectionError(f"the master refused a write, asking the sentinels again: {error}")
 
 
 class MasterConnection(SentinelManagedConnection):
@@ -60,10 +66,11 @@ class MasterConnection(SentinelManagedConnection):
         try:
             return super().read_response(*args, **kwargs)
         except ResponseError as error:
-            if not _master_lost_its_replicas(error):
+            failover = _failover_error(error)
+            if failover is None:
                 raise
             self.disconnect()
-            raise ConnectionError(f"the master refused a write, asking the sentinels again: {error}") from error
+            raise failover from error
 
 
 class AsyncMasterConnection(AsyncSentinelManagedConnection):
@@ -78,10 +85,11 @@ class AsyncMasterConnection(AsyncSentinelManagedConnection):
         try:
             return await super().read_response(*args, **kwargs)
         except ResponseError as error:
-            if not _master_lost_its_replicas(error):
+            failover = _failover_error(error)
+            if failover is None:
                 raise
             await self.disconnect()
-            raise ConnectionError(f"the master refused a write, asking the sentinels again: {error}") from error
+            raise failover from error
 
 
 def _failover_retry(client_kwargs: dict, retry_class) -> dict:
@@ -106,26 +114,38 @@ def uses_sentinel(settings: Settings) -> bool:
     return bool(settings.redis_sentinels)
 
 
-def redis_client(settings: Settings, **client_kwargs) -> redis.Redis:
-    """A sync client on the service's Redis (the Sentinel master when sentinels are set)."""
+@dataclass(frozen=True, slots=True)
+class _ClientKind:
+    """The classes of one kind of client (sync or asyncio) on either topology."""
+
+    redis: type
+    sentinel: type
+    master_connection: type
+    retry: type
+
+
+_SYNC = _ClientKind(redis.Redis, Sentinel, MasterConnection, Retry)
+_ASYNC = _ClientKind(aioredis.Redis, AsyncSentinel, AsyncMasterConnection, AsyncRetry)
+
+
+def _client(settings: Settings, kind: _ClientKind, client_kwargs: dict):
     if uses_sentinel(settings):
-        sentinel = Sentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
-        return sentinel.master_for(settings.redis_sentinel_service, connection_class=MasterConnection,
-                                   **_failover_retry(client_kwargs, Retry))
+        sentinel = kind.sentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
+        return sentinel.master_for(settings.redis_sentinel_service, connection_class=kind.master_connection,
+                                   **_failover_retry(client_kwargs, kind.retry))
     if not settings.redis_url:
         raise ValueError("redis_url is empty and no redis_sentinels are set")
-    return redis.Redis.from_url(settings.redis_url, **client_kwargs)
+    return kind.redis.from_url(settings.redis_url, **client_kwargs)
+
+
+def redis_client(settings: Settings, **client_kwargs) -> redis.Redis:
+    """A sync client on the service's Redis (the Sentinel master when sentinels are set)."""
+    return _client(settings, _SYNC, client_kwargs)
 
 
 def async_redis_client(settings: Settings, **client_kwargs) -> aioredis.Redis:
     """The asyncio client on the same Redis as `redis_client`."""
-    if uses_sentinel(settings):
-        sentinel = AsyncSentinel(sentinel_addresses(settings), sentinel_kwargs=_sentinel_kwargs(client_kwargs))
-        return sentinel.master_for(settings.redis_sentinel_service, connection_class=AsyncMasterConnection,
-                                   **_failover_retry(client_kwargs, AsyncRetry))
-    if not settings.redis_url:
-        raise ValueError("redis_url is empty and no redis_sentinels are set")
-    return aioredis.Redis.from_url(settings.redis_url, **client_kwargs)
+    return _client(settings, _ASYNC, client_kwargs)
 
 
 def _sentinel_kwargs(client_kwargs: dict) -> dict:

@@ -18,6 +18,7 @@ combine of calibrated or of raw question scores).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +55,22 @@ def stratified_folds(y: np.ndarray, num_folds: int, seed: int = 0) -> np.ndarray
         shuffled = rng.permutation(group)
         folds[shuffled] = (np.arange(len(shuffled)) + rng.integers(num_folds)) % num_folds
     return folds
+
+
+def nested_held_out(outer: np.ndarray, num_folds: int, out: np.ndarray,
+                    fit_and_predict: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, str]]) -> list[str]:
+    """Fill `out` fold by fold: `fit_and_predict(train rows, held mask)` makes its choice on the
+    rows outside outer fold f and predicts f's rows -> (predictions, what it chose); returns what
+    each fold (that holds rows) chose, in fold order."""
+    chosen = []
+    for fold in range(num_folds):
+        held = outer == fold
+        if not held.any():
+            continue
+        predicted, choice = fit_and_predict(np.flatnonzero(~held), held)
+        out[held] = predicted
+        chosen.append(choice)
+    return chosen
 
 
 def fold_auc(p: np.ndarray, y: np.ndarray, folds: np.ndarray) -> float:
@@ -146,17 +163,15 @@ def choose_among_inputs(
     reference = next(iter(inputs.values())) if baseline is None else np.asarray(baseline, dtype=np.float64)
     (name, method), _, scores = _select(inputs, y, reference, np.arange(len(y)), methods, num_folds, seed, test_bias)
     outer = stratified_folds(y, num_folds, seed + 1)  # outer folds: not the inner ones
-    nested = np.empty_like(y)
-    fold_methods = []
-    for fold in range(num_folds):
-        held = outer == fold
-        if not held.any():
-            continue
-        train = np.flatnonzero(~held)
+
+    def fit_and_predict(train: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, str]:
         (inner_name, inner_method), _, _ = _select(inputs, y, reference, train, methods, num_folds, seed, test_bias)
         inner_map = fit(inner_method, inputs[inner_name][train], y[train], test_bias=test_bias)
-        nested[held] = inner_map.apply(inputs[inner_name][held])
-        fold_methods.append(f"{inner_method} ({inner_name})" if len(inputs) > 1 else inner_method)
+        chosen = f"{inner_method} ({inner_name})" if len(inputs) > 1 else inner_method
+        return inner_map.apply(inputs[inner_name][held]), chosen
+
+    nested = np.empty_like(y)
+    fold_methods = nested_held_out(outer, num_folds, nested, fit_and_predict)
     suffix = (lambda k: f"{k[1]} ({k[0]})") if len(inputs) > 1 else (lambda k: k[1])
     choice = MethodChoice(
         method=method, calibrator=fit(method, inputs[name], y, test_bias=test_bias), held_out_p=nested,

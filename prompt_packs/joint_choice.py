@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prompt_packs.calibration import multiclass_metrics
+from prompt_packs.calibration_choice import nested_held_out
 from prompt_packs.joint import MULTICLASS_METHODS, MulticlassCalibrator, fit_multiclass
 
 
@@ -78,17 +79,14 @@ def choose_joint(inputs: dict[str, np.ndarray], labels: np.ndarray, *, baseline:
     everything = np.arange(len(labels))
     (reads, method), candidates = _select(inputs, labels, baseline, everything, num_folds, seed)
     outer = class_folds(labels, num_folds, seed + 1)
-    held_out = np.empty_like(baseline)
-    fold_choices = []
-    for fold in range(num_folds):
-        held = outer == fold
-        if not held.any():
-            continue
-        train = np.flatnonzero(~held)
+
+    def fit_and_predict(train: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, str]:
         (name, inner_method), _ = _select(inputs, labels, baseline, train, num_folds, seed)
         fitted = fit_multiclass(inner_method, inputs[name][train], labels[train])
-        held_out[held] = fitted.apply(inputs[name][held])
-        fold_choices.append(f"{inner_method} ({name})")
+        return fitted.apply(inputs[name][held]), f"{inner_method} ({name})"
+
+    held_out = np.empty_like(baseline)
+    fold_choices = nested_held_out(outer, num_folds, held_out, fit_and_predict)
     return JointChoice(reads=reads, method=method, calibrator=fit_multiclass(method, inputs[reads], labels),
                        held_out=held_out, before=multiclass_metrics(baseline, labels),
                        after=multiclass_metrics(held_out, labels), candidates=candidates, fold_choices=fold_choices)

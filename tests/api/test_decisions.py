@@ -111,3 +111,40 @@ def test_unsupported_parts_and_unknown_fields_are_422s_naming_them(live):
     with pytest.raises(openai.UnprocessableEntityError) as error:
         client.decisions.create(model=MODEL, questions=QUESTIONS[:1], input=INPUT, extra_body={"temp": 1})
     assert error.value.body["param"] == "temp"
+
+
+
+def test_rotations_average_each_value_over_the_orderings_of_the_same_read(live, bearer):
+    """orderings "rotations" on a choice: ordering k shows choice (i + k) mod n in place i; each value's
+    probability is the mean over orderings of the p of the option that showed it (docs/decisions.md),
+    checked against the orderings written out by hand as /v1/score queries of one request."""
+    choices = [{"value": "billing", "description": "payments, charges, refunds"},
+               {"value": "technical", "description": "bugs, outages"},
+               {"value": "true", "description": "yes"}, {"value": True, "description": "also yes"}]  # by label
+    question = {"type": "choice", "instructions": "Which queue should handle this message?", "choices": choices,
+                "orderings": "rotations"}
+    reply = httpx.post(f"{live.base_url}/v1/decisions", json={"model": MODEL, "input": INPUT, "questions": [question]},
+                       headers=bearer("alice"), timeout=300)
+    assert reply.status_code == 200, reply.text
+    [answer] = Decision.model_validate(reply.json(), strict=True).answers
+    n = len(choices)
+    shown = [[(i + k) % n for i in range(n)] for k in range(n)]  # ordering k: the choice shown in each place
+    queries = [{"id": "q0" if k == 0 else f"q0~o{k}", "options": [" A", " B", " C", " D"],
+                "template": "\n\nWhich queue should handle this message?\n"
+                            + "\n".join(f"{label}) {str(choices[c]['value']).lower()}: {choices[c]['description']}"
+                                        for label, c in zip("ABCD", order))
+                            + "\nAnswer with the label of one option.\nAnswer:{?}"}
+               for k, order in enumerate(shown)]
+    score_body = {"model": MODEL, "messages": [{"role": "user", "content": INPUT}], "scoring": {"queries": queries}}
+    direct = httpx.post(f"{live.base_url}/v1/score", json=score_body, headers=bearer("alice"), timeout=300)
+    assert direct.status_code == 200, direct.text
+    p = {r["id"]: [o["p"] for o in r["combinations"][0]["options"]] for r in direct.json()["results"]}
+    per_ordering = [p[q["id"]] for q in queries]
+    assert reply.json()["answers"][0]["spinf"]["p"] == per_ordering  # one branch per rotation, as written here
+    expected = [sum(row[order.index(c)] for row, order in zip(per_ordering, shown)) / n for c in range(n)]
+    assert answer.type == "choice", answer  # smollm2 puts mass on the labels of described choices
+    assert [x.value for x in answer.probabilities] == [c["value"] for c in choices]
+    assert [x.probability for x in answer.probabilities] == pytest.approx(expected, rel=1e-12, abs=0)
+    assert answer.choice == choices[max(range(n), key=lambda c: (expected[c], -c))]["value"]
+    assert answer.confidence == pytest.approx(max(expected), rel=1e-12)
+    assert max(abs(a - b) for a, b in zip(expected, per_ordering[0])) > 1e-3  # the rotations moved the answer

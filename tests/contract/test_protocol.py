@@ -1,7 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
-from contract.protocol import ScoringRequest
+from contract.protocol import ScoringRequest, ScoringSpec
+from contract.templates import parse_template
 
 
 def request(**query):
@@ -134,3 +135,23 @@ def test_per_query_limits_admit_their_default_and_refuse_one_more(at_limit, past
     ScoringRequest.model_validate(request(**at_limit))
     with pytest.raises(ValidationError, match=message):
         ScoringRequest.model_validate(request(**past_it))
+
+
+@pytest.mark.parametrize("calibrate", [None, "contextual"])
+def test_a_requests_templates_are_parsed_once_each(monkeypatch, calibrate):
+    """Each query's template is parsed once, though the spec's `calibrate` looks at every query and
+    every model around a Query checks it again; a copy with a new template parses the new one."""
+    import contract.protocol as protocol
+
+    parsed = []
+    monkeypatch.setattr(protocol, "parse_template", lambda text: parsed.append(text) or parse_template(text))
+    queries = [{"id": "a", "template": "\n\nRefund?{?}", "options": [" yes", " no"]},
+               {"id": "b", "template": '\n\nName: "{*}"'}]
+    scoring = {"queries": queries} | ({"calibrate": calibrate} if calibrate else {})
+    request = ScoringRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "scoring": scoring})
+    ScoringRequest(messages=request.messages, scoring=request.scoring)  # validated again around the same queries
+    assert sorted(parsed) == sorted(q["template"] for q in queries)
+    assert [q.calibrate for q in request.scoring.queries] == [calibrate, None]
+    copy = request.scoring.queries[0].model_copy(update={"template": "\n\nRefund now?{?}"})
+    ScoringSpec(queries=[copy])
+    assert parsed[-1] == "\n\nRefund now?{?}" and copy.parsed_template.slot == "?"

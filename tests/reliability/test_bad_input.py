@@ -152,3 +152,21 @@ def test_bad_lines_in_a_batch_file_are_error_lines_not_5xx(client):
         batch = test_client.get(f"/v1/batches/{created.json()['id']}").json()
     assert batch["status"] == "failed", batch  # every line is bad: nothing to score
     assert len(batch["errors"]["data"]) == len(lines), batch["errors"]
+
+
+def test_invalid_utf8_is_named_by_its_byte_offset(client):
+    """The 422 names the first byte that is not UTF-8 and where it sits, counted in bytes (the two-byte
+    "é" before it counts twice), on the same body the control accepts."""
+    test_client, r = client
+    prefix = b'{"messages": [{"role": "user", "content": "caf\xc3\xa9 '
+    suffix = b' ok"}], "scoring": {"queries": [' + _fill(QUERY, "") + b"]}}"
+    assert _post(test_client, "/v1/score", prefix + b"x" + suffix).status_code in (200, 504)  # the control
+    before = _snapshot(r)
+    for bad, reason in ((b"\xff", "invalid start byte"), (b"\xc3(", "invalid continuation byte")):
+        response = _post(test_client, "/v1/score", prefix + bad + suffix)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["param"] == "body"
+        assert error["message"] == (f"body: not valid UTF-8: byte 0x{bad[:1].hex()} at byte offset {len(prefix)}"
+                                    f" ({reason}); send UTF-8 text"), error
+        assert _snapshot(r) == before

@@ -9,7 +9,7 @@
     the listing of before (Prefix="b", no re-check of the listed keys) run through the same
     check: it flags the leak (so the check can fail)
     query strings, fragments, percent-encodings, '..' -> 422 naming the field; b-secret -> 403
-    alice's job, file and batch ids asked for by bob -> 404
+    alice's job, file and batch ids asked for by bob -> 404; so is her labelled job's calibration report
 """
 
 from __future__ import annotations
@@ -234,3 +234,18 @@ def test_another_keys_ids_are_404s(service):
         assert api.request(method, path, headers=_headers("alice")).status_code == 200, path
     assert api.get("/v1/jobs", headers=_headers("bob")).json()["data"] == []
     assert records.load_view(worker.connection, job_id).status.value == "queued"  # bob's cancel did nothing
+
+
+def test_another_keys_job_calibration_is_a_404(service):
+    """GET /v1/jobs/{id}/calibration of a labelled job that has its report: 200 for its key, 404 for another."""
+    api, worker, _ = service
+    items = [{"custom_id": f"r{i}", "text": text, "labels": ["q"] if i % 2 == 0 else []}
+             for i, text in enumerate(["refund please", "thanks", "I want my money back", "where is my parcel"])]
+    view = _run(api, worker, "alice", {"scoring": SCORING, "items": items})
+    assert view["status"] == "succeeded", view
+    path = f"/v1/jobs/{view['id']}/calibration"
+    own = api.get(path, headers=_headers("alice"))
+    assert own.status_code == 200 and own.json(), own.text
+    other = api.get(path, headers=_headers("bob"))
+    assert other.status_code == 404, other.text
+    assert other.json()["error"]["message"] == f"no job {view['id']!r}"  # as for an id that does not exist

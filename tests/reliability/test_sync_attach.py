@@ -1,7 +1,8 @@
 """A retried sync call attaches to its job: the real `openai` SDK (which honours
 `x-should-retry: false`) and a raw httpx loop that ignores it, against a live service whose
 worker is slower than the sync deadline; one job per identical call, however often it is sent.
-Then each sync route's 504 job, polled, holds what that route would have replied."""
+On every sync route the identical call sent again while its job runs attaches to that job; each
+sync route's 504 job, polled, holds what that route would have replied."""
 
 import time
 
@@ -99,6 +100,10 @@ ROUTE_BODIES = {
         {"id": "action", "question": "What should support do?", "options": OPTIONS},
         {"id": "urgent", "question": "Is it urgent?", "options": [{"id": "yes", "description": "Yes"},
                                                                   {"id": "no", "description": "No"}]}]},
+    "/v1/decisions": {"model": "tiny-llama", "input": MESSAGES[0]["content"], "questions": [
+        {"type": "predicate", "name": "refund", "instructions": "Is the customer asking for a refund?"},
+        {"type": "choice", "name": "action", "instructions": "What should support do?",
+         "choices": [{"value": "refund"}, {"value": "escalate", "description": "Escalate"}]}]},
 }
 VOLATILE = {"/v1/score": ("id",), "/v1/chat/completions": ("id", "created")}  # fresh per reply
 FLOOR_USAGE = ("floor_tokens", "floors_cached", "floors_computed")  # the second read finds its floors cached
@@ -133,3 +138,20 @@ def test_a_polled_504_job_holds_the_routes_reply(slow, bearer, route):
         assert field in polled
         polled.pop(field), expected.pop(field)
     assert polled["object"] == expected["object"] and _without_floor_usage(polled) == _without_floor_usage(expected)
+
+
+@pytest.mark.parametrize("route", list(ROUTE_BODIES))
+def test_the_identical_call_sent_again_attaches_to_the_running_job(slow, bearer, route):
+    live, engine, r = slow
+    engine.delay_s = WORKER_DELAY_S
+    with httpx.Client(base_url=live.base_url, headers=bearer("alice"), timeout=60) as client:
+        first = client.post(route, json=ROUTE_BODIES[route])
+        assert first.status_code == 504, first.text
+        job_id = first.json()["error"]["job_id"]
+        again = client.post(route, json=ROUTE_BODIES[route])  # while the job runs
+        assert again.status_code in (200, 504), again.text
+        if again.status_code == 504:
+            assert again.json()["error"]["job_id"] == job_id
+    assert _job_ids(r) == {job_id}  # one job, however often the call was sent
+    view = _wait_until_ended(live.base_url, bearer("alice"), job_id)
+    assert view["status"] == "succeeded" and view["route"] == route and view["progress"]["total"] == 1

@@ -3,17 +3,20 @@
     embedded service on a Redis of the test's own -> Redis SIGKILLed: the worker's loop raises
     (ConnectionError) and its thread's worker dies -> WorkerThread logs it and makes a new
     worker after a delay -> Redis back (same data) -> the new worker serves the next job
-    max_restarts 0: the first death is the last -> worker_alive() is False (serve exits 1)
+    max_restarts 0: the first death is the last -> worker_alive() is False
+    `spinf-jobs serve` (a process, default restarts) whose Redis is killed: exits 1 after the last restart
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 
-from reliability.servers import RedisProcess, free_port
+from reliability.servers import REPO, RedisProcess, free_port, serve_env, wait_healthy
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -70,4 +73,27 @@ def test_a_worker_dead_past_its_restarts_is_reported_dead(make_settings, service
         assert "ConnectionError" in service.worker_thread.last_error
     finally:
         service.stop()
+        server.kill()
+
+
+def test_serve_exits_1_once_its_worker_is_dead_past_its_restarts(service_model_dir, tmp_path):
+    """`spinf-jobs serve` as a process, on a Redis of the test's own: Redis killed -> the worker dies,
+    is restarted 5 times (1 + 2 + 4 + 8 + 16 s apart), dies each time -> serve says so and exits 1."""
+    server = RedisProcess(tmp_path / "redis").start()
+    port, log = free_port(), tmp_path / "serve.log"
+    env = serve_env(tmp_path / "data") | {"SPINF_REDIS_URL": server.url, "SPINF_REDIS_NUM_RETRIES": "0"}
+    command = [sys.executable, "-m", "spinf_jobs.cli", "serve", "--model", str(service_model_dir), "--device", "cpu",
+               "--port", str(port)]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
+        server.kill()
+        killed = time.monotonic()
+        assert proc.wait(timeout=180) == 1, log.read_text()[-3000:]
+        assert time.monotonic() - killed >= 1 + 2 + 4 + 8 + 16  # every restart was tried first
+        text = log.read_text()
+        assert "spinf-jobs: the worker died (ConnectionError" in text and "; stopping" in text, text[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         server.kill()
