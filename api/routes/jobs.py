@@ -28,7 +28,7 @@ from api.errors import ApiError
 from api.json_body import StrictJsonRoute
 from api.served import resolve_model
 from api.sync_calls import check_packs
-from api.sync_replies import ReplyContext, route_reply
+from api.sync_replies import ReplyContext, sync_row
 from contract import queues
 from contract.payloads import JobCreate, JobList, JobStatus, JobView
 from contract.s3_uri import S3Access, S3Uri, is_allowed, parse_s3_uri
@@ -197,9 +197,7 @@ def _sync_row(r, settings: Settings, record: dict, key: ApiKey, jsonl: bytes) ->
     if not jsonl.strip():
         return jsonl
     row = orjson.loads(jsonl.splitlines()[0])
-    if "response" in row:
-        row["response"] = route_reply(record, row["response"], ReplyContext(r, settings, key.name))
-    return orjson.dumps(row) + b"\n"
+    return orjson.dumps(sync_row(record, row, ReplyContext(r, settings, key.name))) + b"\n"
 
 
 def _dataset_rows(r, s3, settings: Settings, job_id: str, output: S3Uri, written: list[int]) -> Iterator[bytes]:

@@ -5,14 +5,20 @@ on hand-built scoring responses."""
 
 import math
 
+import orjson
+
 import pytest
 from fastapi.testclient import TestClient
 from openai.types import Decision
+from rq.job import Job
 
 from api.app import create_app
 from contract import queues
 from contract.decisions import DecisionCreate
+from contract.payloads import ChunkPayload
 from contract.protocol import ScoringResponse
+from jobstore import lifecycle
+from jobstore.submit import chunk_rq_id
 from prompt_packs.decision_answers import is_refusal, read_decision
 from prompt_packs.decision_format import PROMPT_FORMAT, decision_request, labels
 
@@ -194,3 +200,29 @@ def test_an_answer_is_a_refusal_when_the_options_hold_under_one_percent():
     assert [a.type for a in decision.answers] == ["predicate", "refusal", "refusal"]
     assert decision.answers[2].name == "s" and body["answers"][1]["spinf"]["residual"] == [0.995]
     assert decision.usage.input_tokens == 15 and decision.usage.output_tokens == 0
+
+
+def test_a_polled_reply_that_cannot_be_built_again_is_the_jobs_error_row(make_settings, bearer):
+    """A decisions call's job answered (the row settled through the job store, its response built
+    by hand), then polled from a service whose SPINF_WORKLOADS no longer has the question's
+    workload: the row is an error row naming the field, not a 500."""
+    body = {"model": "m", "input": "hi", "questions": [PREDICATE | {"workload": "support"}]}
+    with TestClient(create_app(make_settings(default_model="m", sync_timeout_s=0.2, workloads={"support": 1.5})),
+                    raise_server_exceptions=False) as client:
+        late = client.post("/v1/decisions", json=body, headers=bearer("alice"))
+        assert late.status_code == 504, late.text
+        job_id = late.json()["error"]["job_id"]
+        r, settings = client.app.state.redis, client.app.state.settings
+        payload = Job.fetch(chunk_rq_id(job_id, 0), connection=r, serializer=queues.JsonSerializer).kwargs["payload"]
+        work = lifecycle.load_chunk(r, None, ChunkPayload.model_validate(payload))
+        plan = decision_request(DecisionCreate.model_validate(body), {"support": 1.5})
+        work.rows[0].response = _response(plan, [0.1]).model_dump(mode="json")
+        lifecycle.settle_chunk(r, None, settings, work, "w")
+        answered = client.get(f"/v1/jobs/{job_id}/results", headers=bearer("alice"))
+        assert answered.status_code == 200 and "answers" in orjson.loads(answered.content)["response"]
+    with TestClient(create_app(make_settings(default_model="m")), raise_server_exceptions=False) as client:
+        polled = client.get(f"/v1/jobs/{job_id}/results", headers=bearer("alice"))
+    assert polled.status_code == 200, polled.text
+    row = orjson.loads(polled.content)
+    assert row["error"]["field"] == "questions.0.workload" and "support" in row["error"]["message"], row
+    assert row["custom_id"] == row["error"]["custom_id"] and "response" not in row
