@@ -11,6 +11,12 @@
 A step holds `batch_lease_key` (a redis-py Lock of `step_lease_s`, extended as it goes); a
 step whose API process died leaves the lease to expire and the next read starts it again.
 Both steps are idempotent: the job id, the files' ids and every line id derive from the batch.
+
+A line that cannot be checked (a body nested past what the checks can walk) is an error line
+for its custom_id. A step that raises ends the batch `failed`, its job cancelled, with the
+error in `errors` (`validation_failed` / `finalization_failed`), never left in its status;
+only an outage (Redis unreachable, S3 unreachable or answering 5xx) leaves the step to the
+next read.
 """
 
 from __future__ import annotations
@@ -21,16 +27,18 @@ import time
 from dataclasses import dataclass
 
 import orjson
+from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import BackgroundTasks
 from redis import Redis
 from redis.exceptions import LockError
 
 from api.cancelled_results import cancelled_job_priors, with_priors
-from api.errors import ApiError
+from api.errors import REDIS_UNAVAILABLE, ApiError
 from api.line_endpoints import ENDPOINTS, BodyError, LineEndpoint
 from api.served import resolve_model
 from contract import queues
 from contract.batches import BatchStatus
+from contract.json_limits import MAX_JSON_DEPTH
 from contract.payloads import RequestItem
 from contract.protocol import ScoringRequest, ScoringSpec
 from contract.settings import Settings
@@ -45,6 +53,7 @@ log = logging.getLogger(__name__)
 S = BatchStatus
 LEASE_EVERY_LINES = 1000
 MAX_SHOWN_ERRORS = 10  # line errors listed in `errors` of a batch that failed because no line could run
+MAX_STEP_ERROR_CHARS = 1000  # the message of a step that raised, in `errors`
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +133,14 @@ class _LineChecker:
         if isinstance(call, RefusedLine):
             return call
         try:
+            return self._check_call(call)
+        except (RecursionError, orjson.JSONEncodeError) as error:  # a body nested past what a check walks
+            return refuse(line, call.custom_id, "invalid_body", f"body: nested too deeply to check ({error});"
+                          f" no field of a request nests deeper than {MAX_JSON_DEPTH} levels", "body")
+
+    def _check_call(self, call: LineCall) -> tuple[LineCall, ScoringRequest] | RefusedLine:
+        line = call.line
+        try:
             request = self.endpoint.to_request(self._shared_scoring(call.body), self.steps.settings)
         except BodyError as error:
             return refuse(line, call.custom_id, "invalid_body", error.message, f"body.{error.param}")
@@ -148,7 +165,10 @@ class _LineChecker:
         spec = body.get("scoring")
         if not self.endpoint.shares_scoring or not isinstance(spec, dict):
             return body
-        key = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
+        try:
+            key = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:  # nested past orjson's depth: the endpoint refuses it, naming the field
+            return body
         if key not in self.specs:
             try:
                 self.specs[key] = ScoringSpec.model_validate(spec)
@@ -170,19 +190,55 @@ def validate(steps: Steps, batch_id: str) -> None:
     with _lease(steps, batch_id) as lease:
         if lease is None:
             return
+        with _failed_if_raised(steps, batch_id, "validation"):
+            _validate_held(steps, batch_id, lease)
+
+
+def _validate_held(steps: Steps, batch_id: str, lease) -> None:
+    record = batches.load_batch(steps.r, batch_id)
+    if record is None or record.status.is_terminal:
+        return
+    stored = files.load_file(steps.r, record.fields["input_file_id"])
+    if stored is None:
+        _fail(steps, record, "file_not_found", "the input file was deleted or expired before validation")
+        return
+    rows, num_lines = _check_lines(steps, record, stored, lease)
+    if num_lines != stored.num_lines:
+        _fail(steps, record, "file_changed", f"read {num_lines} of the input's {stored.num_lines} lines:"
+              " the file was deleted during validation")
+        return
+    _start_job(steps, batches.load_batch(steps.r, batch_id), rows)
+
+
+def is_outage(error: Exception) -> bool:
+    """Redis unreachable, S3 unreachable or answering 5xx / throttling: the next read runs the step again."""
+    if isinstance(error, (*REDIS_UNAVAILABLE, BotoCoreError)):
+        return True
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 500
+        return status >= 500 or status == 429 or error.response.get("Error", {}).get("Code") == "SlowDown"
+    return False
+
+
+@contextlib.contextmanager
+def _failed_if_raised(steps: Steps, batch_id: str, step: str):
+    """A step that raises ends the batch failed, naming the error (an outage leaves it to the next read)."""
+    try:
+        yield
+    except Exception as error:
+        if is_outage(error):
+            log.warning("batch %s: %s stopped by an outage, the next read runs it again: %s", batch_id, step, error)
+            return
+        log.exception("batch %s: %s raised; the batch ends failed", batch_id, step)
         record = batches.load_batch(steps.r, batch_id)
         if record is None or record.status.is_terminal:
             return
-        stored = files.load_file(steps.r, record.fields["input_file_id"])
-        if stored is None:
-            _fail(steps, record, "file_not_found", "the input file was deleted or expired before validation")
-            return
-        rows, num_lines = _check_lines(steps, record, stored, lease)
-        if num_lines != stored.num_lines:
-            _fail(steps, record, "file_changed", f"read {num_lines} of the input's {stored.num_lines} lines:"
-                  " the file was deleted during validation")
-            return
-        _start_job(steps, batches.load_batch(steps.r, batch_id), rows)
+        if record.get("job_id"):
+            cancel(steps.r, steps.settings, record.fields["job_id"])
+        message = f"the batch's {step} raised {type(error).__name__}: {error}"
+        errors = [{"code": f"{step}_failed", "message": message[:MAX_STEP_ERROR_CHARS]}]
+        batches.transition(steps.r, batch_id, S.FAILED, steps.settings.result_ttl_s, errors=errors,
+                           num_invalid=record.get("num_invalid") or 0)
 
 
 def _check_lines(steps: Steps, record: BatchRecord, stored, lease) -> tuple[list[RequestItem], int]:
@@ -261,9 +317,10 @@ def finalize(steps: Steps, batch_id: str) -> None:
     with _lease(steps, batch_id) as lease:
         if lease is None:
             return
-        record = batches.load_batch(steps.r, batch_id)
-        if record is not None and not record.status.is_terminal and _rows_settled(steps.r, record):
-            _finalize_held(steps, record)
+        with _failed_if_raised(steps, batch_id, "finalization"):
+            record = batches.load_batch(steps.r, batch_id)
+            if record is not None and not record.status.is_terminal and _rows_settled(steps.r, record):
+                _finalize_held(steps, record)
 
 
 def _finalize_held(steps: Steps, record: BatchRecord) -> None:

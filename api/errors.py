@@ -7,6 +7,9 @@
     HTTPException (400/401/403/404/409/413/429/504)  -> same shape, headers kept (Retry-After);
         a 405's `Allow` lists every method served at the path
     redis ConnectionError / TimeoutError (after the client's retries) -> 503 + Retry-After
+    botocore ClientError / BotoCoreError (an S3 call that failed after the client's retries) -> 503
+        + Retry-After (`retry_after_s`)
+    S3AccessDenied (an S3 call outside the job's grants, refused before it was sent) -> 403
     jobstore QueueFull (the submit's atomic row reservation) -> 429 + Retry-After; 413 for a
         request of more rows than max_queue (it could never be admitted)
 Messages are made printable UTF-8 (a lone surrogate is shown as its escape), so an error
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import re
 
+from botocore.exceptions import BotoCoreError, ClientError
 from fastapi import FastAPI, Request, routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -25,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
 
+from contract.s3_uri import S3AccessDenied
 from jobstore.submit import QueueFull
 
 _FIELD_PREFIX_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*): ")
@@ -90,6 +95,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unavailable(request: Request, error: Exception) -> JSONResponse:
         status, body, headers = unavailable_reply(request.app.state.settings.redis_retry_after_s)
         return JSONResponse(status_code=status, content=body, headers=headers)
+
+    @app.exception_handler(ClientError)
+    @app.exception_handler(BotoCoreError)
+    async def _s3_unavailable(request: Request, error: Exception) -> JSONResponse:
+        retry_after = request.app.state.settings.retry_after_s
+        message = f"an S3 call failed after the client's retries ({error}); retry after {retry_after}s"
+        return JSONResponse(status_code=503, content=error_body(503, message),
+                            headers={"retry-after": str(retry_after)})
+
+    @app.exception_handler(S3AccessDenied)
+    async def _s3_denied(request: Request, error: S3AccessDenied) -> JSONResponse:
+        return JSONResponse(status_code=403, content=error_body(403, str(error)))
 
     @app.exception_handler(QueueFull)
     async def _queue_full(request: Request, error: QueueFull) -> JSONResponse:

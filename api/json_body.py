@@ -4,6 +4,8 @@
       a UTF-8 byte order mark         -> 422 "body: starts with a UTF-8 byte order mark ..."
       a byte that is not UTF-8        -> 422 naming its byte offset
       not JSON                        -> 422 naming the byte offset, line and column
+      nested too deeply to parse      -> 422 on `body` (the parser's recursion limit, some hundreds of
+                                         levels; no request field nests deeper than input_json's 32)
       a lone surrogate (\\ud800 ...)   -> 422 naming the field (`param`), e.g. messages.0.content
 
 A lone surrogate is legal in JSON's escapes but is no Unicode text: it can be neither
@@ -20,6 +22,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from api.errors import ApiError
+from contract.json_limits import MAX_JSON_DEPTH
 
 _BOM = b"\xef\xbb\xbf"
 
@@ -70,6 +73,10 @@ def decode_json_body(raw: bytes):
         offset = len(text[: error.pos].encode("utf-8"))
         raise ApiError(422, f"body: not valid JSON at byte offset {offset} (line {error.lineno}, column"
                             f" {error.colno}): {error.msg}", param="body") from None
+    except RecursionError:
+        raise ApiError(422, f"body: JSON nested too deeply to parse; no field of a request nests deeper than"
+                            f" {MAX_JSON_DEPTH} levels (an input_json part's data): send a shallower body",
+                       param="body") from None
     found = find_surrogate(value)
     if found is not None:
         path, index = found

@@ -7,6 +7,10 @@ the job's record when the job of a 504 is polled (`GET /v1/jobs/{id}/results`).
     /v1/decide          the DecideRequest                {"object": "decision", ...}
     /v1/decide/shared   the SharedDecideRequest          {"object": "decision.list", ...}
     /v1/decisions       the DecisionCreate               the Decision ({answers, model, usage, ...})
+
+A reply that cannot be built again from the record (the body asks what the service no longer
+serves, e.g. a workload since removed from SPINF_WORKLOADS) makes the poll's row an error row,
+`{"custom_id", "error": {"custom_id", "field", "message"}}` (`sync_row`), never a 500.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
+from pydantic import ValidationError
 from redis import Redis
 
 from api.decisions import (
@@ -96,3 +101,24 @@ def route_reply(record: dict[str, str], response: dict, context: ReplyContext) -
     """The reply the job's route would have sent for `response` (a job without a route: the response)."""
     reply = REPLIES.get(record.get("route", ""))
     return response if reply is None else reply(record.get("reply_json", ""), response, context)
+
+
+def sync_row(record: dict[str, str], row: dict, context: ReplyContext) -> dict:
+    """A sync call's result row with its route's reply as `response`; an error row naming the field
+    when that reply cannot be built (a DecisionFormatError, or a stored body that no longer validates)."""
+    if "response" not in row:
+        return row
+    try:
+        return row | {"response": route_reply(record, row["response"], context)}
+    except ValueError as error:  # DecisionFormatError, pydantic's ValidationError
+        field = getattr(error, "field", None) or _first_field(error)
+        message = (f"the {record.get('route')} reply cannot be built from this job's response: "
+                   f"{str(error).splitlines()[0] if str(error) else type(error).__name__}")
+        return {"custom_id": row.get("custom_id"),
+                "error": {"custom_id": row.get("custom_id"), "field": field, "message": message}}
+
+
+def _first_field(error: ValueError) -> str | None:
+    if not isinstance(error, ValidationError) or not error.errors():
+        return None
+    return ".".join(str(part) for part in error.errors()[0]["loc"]) or None

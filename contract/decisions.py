@@ -6,15 +6,18 @@
       --prompt_packs.decision_format.read_decision--> Decision {answers, model, usage, + extensions}
 
 Unknown fields are 422s naming the field. Image parts and function / custom tool items are
-422s naming the part (not supported yet).
+422s naming the part (not supported yet). An `input_json` part's `data` is bounded
+(contract/json_limits.py: 32 levels of nesting, 10,000 values, 256 KiB as compact JSON): past
+one, a 422 naming the part's `data` and the limit.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, field_validator, model_validator
 
+from contract.json_limits import INPUT_JSON_LIMITS, json_limit_problem
 from contract.protocol import ContentText, Text
 from contract.settings import LIMITS
 
@@ -68,7 +71,21 @@ class InputText(_Strict):
 
 class InputJson(_Strict):
     type: Literal["input_json"]
-    data: dict[str, Any] | list[dict[str, Any]]  # rendered as JSON text
+    data: Annotated[  # rendered as compact JSON text
+        Annotated[dict[str, Any], Field(max_length=INPUT_JSON_LIMITS.max_values - 1)]
+        | Annotated[list[dict[str, Any]], Field(max_length=INPUT_JSON_LIMITS.max_values - 1)],
+        Field(description=f"A JSON object, or a list of objects, rendered as compact JSON text: "
+                          f"{INPUT_JSON_LIMITS.describe()}.")]
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _within_limits(cls, value: Any) -> Any:
+        """Measured before the type is checked: a value nested too deeply for any recursive
+        step (validation, serialization, rendering) is refused here, naming the limit."""
+        problem = json_limit_problem(value, INPUT_JSON_LIMITS)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class OutputText(_Strict):

@@ -136,6 +136,8 @@ class ByteRange(_Strict):
     start: int = Field(ge=0)
     end: int = Field(ge=0)
     first_line: int = Field(ge=1)  # 1-based line number of the first line in the range
+    # lines of the range whose custom_id an earlier row of the job owns -> that row ("line 3 of s3://...")
+    repeats: dict[int, str] = Field(default_factory=dict)
 
 
 class RequestItem(_Strict):

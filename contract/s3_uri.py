@@ -2,7 +2,8 @@
 
     "s3://bucket/in/" --parse_s3_uri--> S3Uri(bucket="bucket", key="in/") --is_allowed(grants)--> bool
     S3Access(read, write): a job's grants, checked again at every S3 call its worker makes
-      (check_read: a listed key, an object read; check_write: results, errors, the manifest)
+      (check_read: a listed key, an object read; check_write: results, errors, the manifest;
+      check_read_back: the job's own output read again, by the API or the job's calibration)
 
 A grant is "bucket" or "bucket/prefix"; it covers the key `prefix` itself and every key under
 `prefix/`: whole path segments, so a grant for `data/b` never covers `data/b-secret/...`.
@@ -126,6 +127,11 @@ class S3Access:
 
     def check_write(self, uri: S3Uri) -> S3Uri:
         return _check(uri, self.write, self.output_scope, "write")
+
+    def check_read_back(self, uri: S3Uri) -> S3Uri:
+        """A read of what the job wrote (results, calibration reports): inside the job's output
+        and its write grants, as the write was."""
+        return _check(uri, self.write, self.output_scope, "output")
 
 
 

@@ -4,6 +4,7 @@
               \\--no line to run / input gone--> failed
     validating | in_progress --cancel--> cancelling --rows settled, files written--> cancelled
     validating | in_progress --past expires_at, files written--> expired
+    any status not ended --a step raised (api/batch_steps.py)--> failed
 
 `transition` moves a batch only from the states listed for its target (WATCH/MULTI) and
 stamps `<status>_at` once; a terminal status starts the retention clock (`result_ttl_s`).
@@ -38,7 +39,7 @@ from jobstore import owner_index, records
 S = BatchStatus
 FROM_STATES: dict[BatchStatus, tuple[BatchStatus, ...]] = {
     S.IN_PROGRESS: (S.VALIDATING,),
-    S.FAILED: (S.VALIDATING,),
+    S.FAILED: (S.VALIDATING, S.IN_PROGRESS, S.FINALIZING, S.CANCELLING),  # later: a step that raised
     S.CANCELLING: (S.VALIDATING, S.IN_PROGRESS),
     S.FINALIZING: (S.IN_PROGRESS,),
     S.COMPLETED: (S.FINALIZING,),

@@ -95,7 +95,8 @@ def _read_items(s3, payload: ChunkPayload) -> list[tuple[int | None, JobItem | R
     source = payload.source
     uri = payload.s3_access().check_read(S3Uri.from_stored(source.uri))
     data = read_range(s3, uri, source.start, source.end)
-    return [(line, datasets.parse_row(raw, line)) for line, raw in datasets.split_lines(data, source.first_line)]
+    return [(line, datasets.repeat_error(raw, line, source.repeats[line]) if line in source.repeats
+             else datasets.parse_row(raw, line)) for line, raw in datasets.split_lines(data, source.first_line)]
 
 
 def write_rows(r: Redis, s3, payload: ChunkPayload, rows: list[RowSlot]) -> None:

@@ -10,6 +10,12 @@
 Output keys depend only on the input (sorted object keys, chunk size), never on the job id
 or the attempt: a retry or a rerun overwrites the same objects instead of adding new ones.
 A blank line is not a row; every other line yields exactly one output row.
+
+A custom_id names one row of a job. While the plan reads the input (`mark_repeats`), the first
+row naming a custom_id owns it, in input order (objects by key, then lines; a broken row whose
+custom_id can be read from its text counts); a later row naming it is listed in its chunk's
+`ByteRange.repeats` and becomes an error row with `custom_id` null (`field` "custom_id", the
+message naming the id and the row that owns it), so every custom_id appears once in the results.
 """
 
 from __future__ import annotations
@@ -67,6 +73,48 @@ def split_lines(data: bytes, first_line: int) -> list[tuple[int, bytes]]:
         for index, line in enumerate(data.split(b"\n"))
         if line.strip()
     ]
+
+
+def row_custom_id(line: bytes) -> str | None:
+    """The custom_id a row names: its JSON's, or one read from the text of broken JSON."""
+    try:
+        raw = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        found = _CUSTOM_ID_RE.search(line)
+        return found.group(1).decode(errors="replace") if found else None
+    custom_id = raw.get("custom_id") if isinstance(raw, dict) else None
+    return custom_id if isinstance(custom_id, str) else None
+
+
+def mark_repeats(uri: S3Uri, lines: Iterable[tuple[int, bytes]], owners: dict[str, tuple[str, int]],
+                 repeats: dict[int, str]) -> Iterator[tuple[int, bytes]]:
+    """`lines` (offset, line) of one object, passed through. A row naming a custom_id that an
+    earlier row owns goes into `repeats` (line number -> where the owner is); any other
+    custom_id becomes this row's in `owners` (custom_id -> (object URI, line number))."""
+    where = str(uri)
+    for number, (offset, line) in enumerate(lines, start=1):
+        custom_id = row_custom_id(line) if line.strip() else None
+        if custom_id is not None:
+            owner = owners.setdefault(custom_id, (where, number))
+            if owner != (where, number):
+                repeats[number] = f"line {owner[1]} of {owner[0]}"
+        yield offset, line
+
+
+def with_repeats(cut: list[tuple[ByteRange, int]], repeats: dict[int, str]) -> list[tuple[ByteRange, int]]:
+    """One object's chunks, each with the repeated rows among its lines."""
+    if not repeats:
+        return cut
+    ends = [source.first_line for source, _ in cut[1:]] + [None]
+    return [(source.model_copy(update={"repeats": {line: owner for line, owner in repeats.items()
+                                                   if line >= source.first_line and (end is None or line < end)}}),
+             num_rows) for (source, num_rows), end in zip(cut, ends, strict=True)]
+
+
+def repeat_error(line: bytes, line_number: int, owner: str) -> RowError:
+    return RowError(line=line_number, field="custom_id",
+                    message=f"custom_id {row_custom_id(line)!r} repeats the row on {owner}; each row needs its"
+                            " own custom_id")
 
 
 def parse_row(line: bytes, line_number: int) -> JobItem | RowError:

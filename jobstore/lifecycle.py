@@ -180,9 +180,13 @@ def _cut(s3, payload: PlanPayload) -> tuple[list[ChunkPayload], int]:
         raise ClientError({"Error": {"Code": "NoObjects", "Message": f"no objects at {payload.input}"}}, "List")
     spec = payload.spec_fields()
     payloads: list[ChunkPayload] = []
+    owners: dict[str, tuple[str, int]] = {}  # custom_id -> the row that owns it (datasets.mark_repeats)
     for key in keys:
         uri = access.check_read(S3Uri(input_uri.bucket, key))
-        for source, num_rows in datasets.plan_chunks(uri, iter_lines(s3, uri), payload.chunk_num_rows):
+        repeats: dict[int, str] = {}
+        lines = datasets.mark_repeats(uri, iter_lines(s3, uri), owners, repeats)
+        cut = list(datasets.plan_chunks(uri, lines, payload.chunk_num_rows))
+        for source, num_rows in datasets.with_repeats(cut, repeats):
             payloads.append(ChunkPayload(job_id=payload.job_id, chunk_index=len(payloads), **spec, source=source,
                                          output=payload.output, num_rows=num_rows, access=access))
     return payloads, sum(c.num_rows for c in payloads)

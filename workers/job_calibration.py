@@ -37,7 +37,8 @@ def _read_chunks(r: Redis, s3, job_id: str, record: dict, num_chunks: int) -> di
     kept = records.kept_chunks(r, job_id)  # inline chunks, and dataset chunks S3 could not take
     for index in range(num_chunks):
         if record.get("output") and index not in kept:
-            data = get_bytes(s3, datasets.results_uri(S3Uri.from_stored(record["output"]), index))
+            uri = datasets.results_uri(S3Uri.from_stored(record["output"]), index)
+            data = get_bytes(s3, records.s3_access_of(record).check_read_back(uri))
         else:
             data = r.hget(queues.results_key(job_id), str(index)) or b""
         chunks[index] = [orjson.loads(line) for line in data.splitlines() if line.strip()]

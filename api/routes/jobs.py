@@ -8,7 +8,8 @@
                                        (a sync call's job: `response` is its route's reply, api.sync_replies;
                                        a cancelled job: batch_p from its returned rows, api.cancelled_results)
     POST /v1/jobs/{id}/cancel       -> JobView
-S3 locations are checked against the key's allow-lists (403) before any S3 call.
+S3 locations are checked against the key's allow-lists (403) before any S3 call; results and
+reports are read back only inside the job's own output (S3Access.check_read_back).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from api.errors import ApiError
 from api.json_body import StrictJsonRoute
 from api.served import resolve_model
 from api.sync_calls import check_packs
-from api.sync_replies import ReplyContext, route_reply
+from api.sync_replies import ReplyContext, sync_row
 from contract import queues
 from contract.payloads import JobCreate, JobList, JobStatus, JobView
 from contract.s3_uri import S3Access, S3Uri, is_allowed, parse_s3_uri
@@ -145,7 +146,8 @@ def job_calibration(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: 
     if record.get("calibration_report"):
         return Response(record["calibration_report"], media_type="application/json")
     if record.get("output"):
-        report = _s3_report(s3, S3Uri.from_stored(record["output"]).join("calibration/report.json"), settings)
+        uri = S3Uri.from_stored(record["output"]).join("calibration/report.json")
+        report = _s3_report(s3, records.s3_access_of(record).check_read_back(uri), settings)
         if report is not None:
             return Response(report, media_type="application/json")
     raise ApiError(404, f"job {job_id} has no calibration report: none of its rows carried labels, or it"
@@ -182,8 +184,10 @@ def job_results(job_id: str, key: KeyDep, r: RedisDep, s3: S3Dep, settings: Sett
         summaries = records.chunk_summaries(r, job_id)
         written = [index for index in sorted(summaries) if not summaries[index].cancelled]
 
+        access = records.s3_access_of(record)
+
         def read() -> Iterator[bytes]:
-            return _dataset_rows(r, s3, settings, job_id, output, written)
+            return _dataset_rows(r, s3, settings, job_id, access, output, written)
     else:
         def read() -> Iterator[bytes]:
             return records.iter_inline_results(r, job_id, num_chunks)
@@ -197,16 +201,17 @@ def _sync_row(r, settings: Settings, record: dict, key: ApiKey, jsonl: bytes) ->
     if not jsonl.strip():
         return jsonl
     row = orjson.loads(jsonl.splitlines()[0])
-    if "response" in row:
-        row["response"] = route_reply(record, row["response"], ReplyContext(r, settings, key.name))
-    return orjson.dumps(row) + b"\n"
+    return orjson.dumps(sync_row(record, row, ReplyContext(r, settings, key.name))) + b"\n"
 
 
-def _dataset_rows(r, s3, settings: Settings, job_id: str, output: S3Uri, written: list[int]) -> Iterator[bytes]:
-    """Each chunk's rows: from S3, or from Redis for a chunk S3 could not take. The first chunk
-    is read before the response starts, so an S3 outage is a 503, not a broken stream."""
+def _dataset_rows(r, s3, settings: Settings, job_id: str, access: S3Access, output: S3Uri,
+                  written: list[int]) -> Iterator[bytes]:
+    """Each chunk's rows: from S3 (inside the job's output, `check_read_back`), or from Redis for a
+    chunk S3 could not take. The first chunk is read before the response starts, so an S3
+    outage is a 503, not a broken stream."""
     def read(index: int) -> bytes:
-        return records.stored_results(r, job_id, index) or get_bytes(s3, datasets.results_uri(output, index))
+        return records.stored_results(r, job_id, index) or get_bytes(
+            s3, access.check_read_back(datasets.results_uri(output, index)))
 
     try:
         first = read(written[0]) if written else b""

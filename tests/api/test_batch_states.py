@@ -6,6 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from openai.types import Batch, FileObject
 
+from api import batch_steps
 from api.app import create_app
 from contract.batches import BatchCreate
 from jobstore import batches
@@ -129,3 +130,72 @@ def test_one_model_per_batch(make_settings, bearer):
         refused = [(row["custom_id"], row["error"]["code"], row["error"]["param"]) for row in errors
                    if row["error"]["code"] != "batch_cancelled"]
         assert refused == [("r1", "model_mismatch", "body.model"), ("r3", "model_not_found", "body.model")]
+
+
+def _nested(line: dict, levels: int) -> bytes:
+    """The line's JSON with its "@DEEP@" string replaced by lists nested `levels` deep (past what
+    orjson writes, so built as text)."""
+    return orjson.dumps(line).replace(b'"@DEEP@"', b"[" * levels + b"]" * levels)
+
+
+def _error_lines(client, headers, batch: Batch) -> dict[str | None, dict]:
+    content = client.get(f"/v1/files/{batch.error_file_id}/content", headers=headers).content
+    return {row["custom_id"]: row["error"] for row in map(orjson.loads, content.splitlines())}
+
+
+def test_a_line_nested_too_deeply_is_an_error_line_for_its_custom_id(client, bearer):
+    """Bodies nested past orjson's 255 levels (the shared scoring spec's key) and near its 1,024
+    (what a line may hold): each an `invalid_body` line naming its custom_id; the batch runs the rest."""
+    alice = bearer("alice")
+    good = orjson.loads(_line("ok"))
+    deep_spec = good | {"custom_id": "deep-spec", "body": good["body"] | {"scoring": SCORING | {"x": "@DEEP@"}}}
+    deep_content = good | {"custom_id": "deep-content",
+                           "body": good["body"] | {"messages": [{"role": "user", "content": "@DEEP@"}]}}
+    content = b"\n".join([_line("ok"), _nested(deep_spec, 300), _nested(deep_content, 1000)])
+    batch = _batch(client, alice, _create(client, alice, _upload(client, alice, content)["id"]).id)
+    assert batch.status == "in_progress" and batch.request_counts.failed == 2, batch
+    client.post(f"/v1/batches/{batch.id}/cancel", headers=alice)
+    errors = _error_lines(client, alice, _batch(client, alice, batch.id))
+    assert errors["deep-spec"]["code"] == errors["deep-content"]["code"] == "invalid_body", errors
+    assert errors["deep-spec"]["param"] == "body.scoring.x"
+    assert errors["deep-content"]["param"].startswith("body.messages.0.content")
+
+
+def test_a_decisions_line_with_input_json_nested_too_deeply_is_an_error_line(client, bearer):
+    alice = bearer("alice")
+    question = [{"type": "predicate", "instructions": "Is it late?"}]
+    lines = [{"custom_id": name, "method": "POST", "url": "/v1/decisions",
+              "body": {"model": "m", "questions": question,
+                       "input": [{"role": "user", "content": [{"type": "input_json", "data": data}]}]}}
+             for name, data in (("ok", {"order": 1}), ("deep", {"a": "@DEEP@"}))]
+    file_id = _upload(client, alice, b"\n".join(_nested(line, 1000) for line in lines))["id"]
+    batch = _batch(client, alice, _create(client, alice, file_id, endpoint="/v1/decisions").id)
+    assert batch.status == "in_progress" and batch.request_counts.failed == 1, batch
+    client.post(f"/v1/batches/{batch.id}/cancel", headers=alice)
+    error = _error_lines(client, alice, _batch(client, alice, batch.id))["deep"]
+    assert (error["code"], error["param"]) == ("invalid_body", "body.input.0.content.0.data"), error
+    assert "32 levels" in error["message"]
+
+
+def test_a_step_that_raises_ends_the_batch_failed_with_the_error(client, bearer, monkeypatch):
+    """An error no check foresaw (here, injected into the submit and then into the file writer):
+    the batch ends failed, naming it, instead of staying validating (or cancelling) for ever."""
+    alice = bearer("alice")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected fault")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(batch_steps, "submit_requests", broken)
+        batch = _batch(client, alice, _create(client, alice, _upload(client, alice, _line("a"))["id"]).id)
+    assert batch.status == "failed" and batch.failed_at is not None, batch
+    assert [e.code for e in batch.errors.data] == ["validation_failed"]
+    assert "RuntimeError: injected fault" in batch.errors.data[0].message
+
+    running = _batch(client, alice, _create(client, alice, _upload(client, alice, _line("b"))["id"]).id)
+    assert running.status == "in_progress"
+    monkeypatch.setattr(batch_steps, "write_outputs", broken)
+    client.post(f"/v1/batches/{running.id}/cancel", headers=alice)  # its rows settle; finalizing raises
+    batch = _batch(client, alice, running.id)
+    assert batch.status == "failed" and [e.code for e in batch.errors.data] == ["finalization_failed"], batch
+    assert client.get(f"/v1/jobs/{running.id.replace('batch_', 'job-')}", headers=alice).json()["status"] == "cancelled"

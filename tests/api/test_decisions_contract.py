@@ -5,14 +5,20 @@ on hand-built scoring responses."""
 
 import math
 
+import orjson
+
 import pytest
 from fastapi.testclient import TestClient
 from openai.types import Decision
+from rq.job import Job
 
 from api.app import create_app
 from contract import queues
 from contract.decisions import DecisionCreate
+from contract.payloads import ChunkPayload
 from contract.protocol import ScoringResponse
+from jobstore import lifecycle
+from jobstore.submit import chunk_rq_id
 from prompt_packs.decision_answers import is_refusal, read_decision
 from prompt_packs.decision_format import PROMPT_FORMAT, decision_request, labels
 
@@ -96,6 +102,52 @@ def test_optional_params_of_the_sdk_are_accepted_and_ignored(client):
     assert _post(client, [PREDICATE], input=with_messages).status_code == 504
 
 
+def _nested_objects(levels: int) -> dict:
+    data: dict = {}
+    for _ in range(levels - 1):
+        data = {"a": data}
+    return data
+
+
+def _with_json(data) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "input_json", "data": data}]}]
+
+
+@pytest.mark.parametrize(("within", "past", "said"), [
+    (_nested_objects(32), _nested_objects(33), "32 levels"),
+    ({f"k{i}": i for i in range(9_999)}, {f"k{i}": i for i in range(10_000)}, "10,000 values"),
+    ({"a": "x" * (256 * 1024 - 8)}, {"a": "x" * (256 * 1024 - 7)}, "262,144"),
+])
+def test_input_json_past_a_limit_is_a_422_naming_the_part_and_the_limit(client, within, past, said):
+    """32 levels of nesting, 10,000 values, 256 KiB of compact JSON: each admitted at its limit,
+    one more is a 422 on the part's `data` (never the 500 of a reply that cannot be serialized)."""
+    assert _post(client, [PREDICATE], input=_with_json(within)).status_code == 504  # validated and queued
+    response = _post(client, [PREDICATE], input=_with_json(past))
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input.0.content.0.data" and said in error["message"], error
+    in_question = _post(client, [{**PREDICATE, "instructions": [{"type": "input_json", "data": past}]}])
+    assert in_question.status_code == 422 and in_question.json()["error"]["param"] == "questions.0.instructions.0.data"
+
+
+def test_input_json_nested_far_past_the_limit_is_a_422_not_a_500(client):
+    deep_lists: list = []
+    for _ in range(900):  # parses (under Python's recursion limit) but is past every serializer's
+        deep_lists = [deep_lists]
+    for data in (_nested_objects(40), {"a": deep_lists}, [{"a": deep_lists}]):
+        response = _post(client, [PREDICATE], input=_with_json(data))
+        assert response.status_code == 422, response.text[:300]
+        assert response.json()["error"]["param"] == "input.0.content.0.data"
+    assert int(client.app.state.redis.get(queues.QUEUED_ROWS_KEY) or 0) == 0  # nothing queued
+
+
+def test_the_input_json_limits_are_in_the_openapi_schema(client):
+    data = client.get("/openapi.json").json()["components"]["schemas"]["InputJson"]["properties"]["data"]
+    assert "32 levels of nesting" in data["description"] and "10,000 values" in data["description"]
+    assert "256 KiB" in data["description"]
+    assert [branch.get("maxProperties", branch.get("maxItems")) for branch in data["anyOf"]] == [9_999, 9_999]
+
+
 def test_admission_refuses_past_max_queue_before_reading_the_body(client):
     # distinct calls (an identical one would attach to the first's job), each leaves one row queued
     statuses = [_post(client, [PREDICATE | {"instructions": f"Is it about topic {i}?"}]).status_code for i in range(5)]
@@ -148,3 +200,29 @@ def test_an_answer_is_a_refusal_when_the_options_hold_under_one_percent():
     assert [a.type for a in decision.answers] == ["predicate", "refusal", "refusal"]
     assert decision.answers[2].name == "s" and body["answers"][1]["spinf"]["residual"] == [0.995]
     assert decision.usage.input_tokens == 15 and decision.usage.output_tokens == 0
+
+
+def test_a_polled_reply_that_cannot_be_built_again_is_the_jobs_error_row(make_settings, bearer):
+    """A decisions call's job answered (the row settled through the job store, its response built
+    by hand), then polled from a service whose SPINF_WORKLOADS no longer has the question's
+    workload: the row is an error row naming the field, not a 500."""
+    body = {"model": "m", "input": "hi", "questions": [PREDICATE | {"workload": "support"}]}
+    with TestClient(create_app(make_settings(default_model="m", sync_timeout_s=0.2, workloads={"support": 1.5})),
+                    raise_server_exceptions=False) as client:
+        late = client.post("/v1/decisions", json=body, headers=bearer("alice"))
+        assert late.status_code == 504, late.text
+        job_id = late.json()["error"]["job_id"]
+        r, settings = client.app.state.redis, client.app.state.settings
+        payload = Job.fetch(chunk_rq_id(job_id, 0), connection=r, serializer=queues.JsonSerializer).kwargs["payload"]
+        work = lifecycle.load_chunk(r, None, ChunkPayload.model_validate(payload))
+        plan = decision_request(DecisionCreate.model_validate(body), {"support": 1.5})
+        work.rows[0].response = _response(plan, [0.1]).model_dump(mode="json")
+        lifecycle.settle_chunk(r, None, settings, work, "w")
+        answered = client.get(f"/v1/jobs/{job_id}/results", headers=bearer("alice"))
+        assert answered.status_code == 200 and "answers" in orjson.loads(answered.content)["response"]
+    with TestClient(create_app(make_settings(default_model="m")), raise_server_exceptions=False) as client:
+        polled = client.get(f"/v1/jobs/{job_id}/results", headers=bearer("alice"))
+    assert polled.status_code == 200, polled.text
+    row = orjson.loads(polled.content)
+    assert row["error"]["field"] == "questions.0.workload" and "support" in row["error"]["message"], row
+    assert row["custom_id"] == row["error"]["custom_id"] and "response" not in row

@@ -37,6 +37,8 @@ CROSS_FIELD_RULES = (
     (r"U\+0000 \(NUL\)|a lone surrogate", "plain text: a pattern on every text field stalls generation; surrogates are no regex"),
     (r"the queries ask \d+ |messages: the content is \d+ characters", "totals over several fields"),
     (r"is not an s3:// URI|in an S3 URI|the bucket name", "an S3 URI's form"),
+    (r"nested more than \d+ levels deep|more than [\d,]+ values; give|bytes as compact JSON, more than",
+     "input_json data's nesting depth and value count, and its size as JSON text"),
     (r"model: unknown model", "the models served change as workers come and go; the spec is made once"),
     (r"give at least one query, or name a pack|send a `scoring` block or name `packs`|named more than once",
      "at least one query or one pack, no pack twice: as anyOf / uniqueItems, schemathesis' coverage phase did not end"),

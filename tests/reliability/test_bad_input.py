@@ -2,7 +2,8 @@
 5xx, and nothing written to Redis (the app on a real Redis; refused requests never reach a worker).
 
     corpus: a lone surrogate (JSON escape, and its CESU-8 bytes), a UTF-8 BOM, invalid UTF-8,
-    NUL, a field past its limit, wrong types, broken JSON
+    NUL, a field past its limit, wrong types, broken JSON, a body nested 100,000 deep;
+    free-form JSON values (input_json's `data`) nested or sized past their limits
     routes: /v1/score, /v1/chat/completions, /v1/jobs, /v1/decide, /v1/decide/shared, /v1/decisions,
     /v1/batches, /v1/files
 Each valid body is first shown to pass validation (the control), so a refusal is the corpus's doing.
@@ -53,6 +54,18 @@ WHOLE_BODY_CASES = {  # name -> body(valid body)
     "wrong type for the text": lambda body: body.replace(b'"@S@"', b"12345"),
     "a list for the text": lambda body: body.replace(b'"@S@"', b'["a"]'),
     "null body": lambda body: b"null",
+    "nested 100,000 deep": lambda body: b"[" * 100_000 + b"]" * 100_000,
+}
+JSON_BODIES = {  # @J@: a free-form JSON value
+    "/v1/decisions": b'{"model": "m", "input": [{"role": "user", "content": [{"type": "input_json", "data": @J@}]}],'
+                     b' "questions": [{"type": "predicate", "instructions": "Is it late?"}]}',
+}
+JSON_CONTROL = b'{"order": 17, "items": [{"sku": "a"}]}'
+JSON_CASES = {  # name -> the value; the limits: 32 levels, 10,000 values, 256 KiB
+    "10,000 nested lists": b'{"a": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+    "40 nested objects": b'{"a": ' * 39 + b"{}" + b"}" * 39,
+    "10,001 values": b'{"a": [' + b",".join(b"1" for _ in range(10_000)) + b"]}",
+    "past 256 KiB": b'{"a": "' + b"x" * (256 * 1024) + b'"}',
 }
 
 
@@ -118,6 +131,31 @@ def test_the_corpus_is_refused_on_every_route(client, file_id, path):
         if rewrite is not None:
             body = _fill(body, file_id)
         _assert_refused(_post(test_client, path, body), r, before, f"{path}: {name}")
+
+
+def test_a_body_nested_too_deeply_to_parse_is_a_422_on_body(client, file_id):
+    """Past the JSON parser's recursion limit: a 422 naming `body` and the nesting, not the
+    generic 400 of a body that could not be read."""
+    test_client, _ = client
+    for path in sorted(BODIES):
+        for body in (b"[" * 100_000 + b"]" * 100_000, _fill(BODIES[path], file_id).replace(
+                b'"hello"', b"[" * 5_000 + b"]" * 5_000)):
+            response = _post(test_client, path, body)
+            assert response.status_code == 422, (path, response.status_code, response.text[:300])
+            error = response.json()["error"]
+            assert error["param"] == "body" and "nested too deeply" in error["message"], (path, error)
+
+
+@pytest.mark.parametrize("path", sorted(JSON_BODIES))
+def test_json_values_past_their_limits_are_refused(client, path):
+    test_client, r = client
+    control = _post(test_client, path, JSON_BODIES[path].replace(b"@J@", JSON_CONTROL))
+    assert control.status_code in (200, 201, 504), control.text
+    before = _snapshot(r)
+    for name, value in JSON_CASES.items():
+        response = _post(test_client, path, JSON_BODIES[path].replace(b"@J@", value))
+        _assert_refused(response, r, before, f"{path}: {name}")
+        assert response.json()["error"]["param"] in ("body", "input.0.content.0.data"), (name, response.text[:300])
 
 
 def test_the_corpus_is_refused_on_files(client):
