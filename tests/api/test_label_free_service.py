@@ -2,7 +2,6 @@
 tiny engine): a job asking for batch calibration returns batch_p on every row once it has
 ended, and a later /v1/score naming that job gets the job's priors applied."""
 
-import socket
 import time
 
 import httpx
@@ -10,24 +9,14 @@ import numpy as np
 import orjson
 import pytest
 
-from spinf_jobs.embedded import EmbeddedService
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 SCORING = {"queries": [{"id": "refund", "template": "\n\nRefund?{?}", "options": [" yes", " no"], "calibrate": "batch"}]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
-def live(make_settings, service_engine):
-    settings = make_settings(default_model=service_engine.model_name)
-    service = EmbeddedService(settings, {service_engine.model_name: service_engine}, port=_free_port()).start()
-    yield service
-    service.stop()
+def live(make_settings, service_engine, live_service):
+    return live_service(make_settings(default_model=service_engine.model_name), service_engine)
 
 
 def _options(response: dict) -> list[dict]:

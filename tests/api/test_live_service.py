@@ -4,13 +4,11 @@ Must show 5: the real `openai` SDK with extra_body={"scoring": ...} gets the sam
 POST /v1/score. Also: /v1/score's 422 from the engine, its 504 with a job id, /v1/models.
 """
 
-import socket
 
 import httpx
 import openai
 import pytest
 
-from spinf_jobs.embedded import EmbeddedService
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -24,18 +22,9 @@ SCORING = {"queries": [
 ]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
-def live(make_settings, service_engine):
-    settings = make_settings(default_model=service_engine.model_name)
-    service = EmbeddedService(settings, {service_engine.model_name: service_engine}, port=_free_port()).start()
-    yield service
-    service.stop()
+def live(make_settings, service_engine, live_service):
+    return live_service(make_settings(default_model=service_engine.model_name), service_engine)
 
 
 def test_openai_sdk_gets_the_same_scores_as_score(live, bearer):

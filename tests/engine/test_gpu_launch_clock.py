@@ -22,9 +22,8 @@ def _engine_and_requests():
 
     from contract.protocol import ScoringRequest
 
-    hf = random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=24)
-    engine = random_models.make_engine(random_models.engine_model(hf), random_models.tokenizer_for("gemma-3-12b"),
-                                       "gemma-3-12b", "clock", 8192)
+    engine = random_models.random_engine(random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=24),
+                                         "gemma-3-12b", 8192)
     engine.warm_up()
     news = load_workload("news").requests(engine.model_name, 48, 64)  # 24 articles, ~48k tokens
     requests = [ScoringRequest.model_validate(r) for r in news * 2]  # ~12 passes of 8,192 tokens
