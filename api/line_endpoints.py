@@ -27,7 +27,8 @@ from api.routes.chat import (
     completion_body,
 )
 from contract.decisions import DecisionCreate
-from contract.protocol import ScoringRequest, ScoringResponse
+from contract.protocol import ScoringRequest
+from contract.scoring_results import ScoringResponse
 from contract.settings import Settings
 from prompt_packs.decision_answers import read_decision
 from prompt_packs.decision_format import DecisionFormatError, decision_request

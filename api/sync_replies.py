@@ -33,7 +33,7 @@ from api.decisions import (
 from api.errors import ApiError
 from api.routes.chat import completion_body
 from contract.decisions import DecisionCreate
-from contract.protocol import ScoringResponse
+from contract.scoring_results import ScoringResponse
 from contract.settings import Settings
 from jobstore import records
 from prompt_packs import decision_answers, decision_format

@@ -11,7 +11,8 @@ import httpx
 
 from client import calls
 from contract.payloads import JobView
-from contract.protocol import ScoringRequest, ScoringResponse
+from contract.protocol import ScoringRequest
+from contract.scoring_results import ScoringResponse
 
 
 class AsyncClient:

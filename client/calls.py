@@ -24,7 +24,8 @@ import httpx
 import orjson
 
 from contract.payloads import JobCreate, JobItem, JobList, JobView
-from contract.protocol import PackRef, ScoringRequest, ScoringResponse, ScoringSpec
+from contract.protocol import PackRef, ScoringRequest, ScoringSpec
+from contract.scoring_results import ScoringResponse
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = (429, 503)

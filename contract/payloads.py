@@ -20,7 +20,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from contract.pages import ListPage
-from contract.protocol import ContentText, check_content_size, IdText, Message, PackRef, ScoringRequest, ScoringSpec, Text, Usage
+from contract.protocol import ContentText, check_content_size, IdText, Message, PackRef, ScoringRequest, ScoringSpec, Text
+from contract.scoring_results import Usage
 from contract.settings import LIMITS
 from contract.s3_uri import S3Access, parse_s3_uri
 

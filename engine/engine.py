@@ -32,7 +32,8 @@ from functools import partial
 import orjson
 import torch
 
-from contract.protocol import ScoringRequest, ScoringResponse
+from contract.protocol import ScoringRequest
+from contract.scoring_results import ScoringResponse
 from contract.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS, LIMITS
 from engine.extraction.decoder import BeamDecoder
 from engine.extraction.decoding import Extraction, SlotJob

@@ -27,7 +27,7 @@ from redis import Redis
 
 from contract import queues
 from contract.batches import BatchOutputLine, LineError, LineResponse
-from contract.protocol import Usage
+from contract.scoring_results import Usage
 from contract.settings import Settings
 from jobstore import files
 

@@ -33,7 +33,7 @@ from contract.batches import (
     BatchStatus,
     BatchUsage,
 )
-from contract.protocol import Usage
+from contract.scoring_results import Usage
 from jobstore import owner_index, records
 
 S = BatchStatus

@@ -22,7 +22,7 @@ from redis import Redis
 
 from contract import queues
 from contract.payloads import JobStatus, JobView, Progress
-from contract.protocol import Usage
+from contract.scoring_results import Usage
 from contract.s3_uri import S3Access
 
 # status := to, only when it is one of the states listed after it

@@ -17,7 +17,8 @@ import math
 from typing import Any
 
 from contract.probability import reweight
-from contract.protocol import Message, Query, QueryResult, ScoringRequest, ScoringSpec
+from contract.protocol import Message, Query, ScoringRequest, ScoringSpec
+from contract.scoring_results import QueryResult
 from prompt_packs.calibration import Calibrator
 from prompt_packs.decision_calibration import joint_probabilities
 from prompt_packs.format import Calibration, Category, Decision, Pack, PackQuestion

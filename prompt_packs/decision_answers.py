@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from contract.decisions import ChoiceQuestion, DecisionCreate, PredicateQuestion
-from contract.protocol import ScoringResponse
+from contract.scoring_results import ScoringResponse
 from prompt_packs.decision_format import PROMPT_FORMAT, REFUSAL_ODDS, DecisionPlan
 from prompt_packs.orderings import Ordering, combine_orderings
 from contract.probability import normalise

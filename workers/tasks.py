@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 
 from contract.payloads import ChunkPayload, PlanPayload, RowError
-from contract.protocol import ScoringResponse
+from contract.scoring_results import ScoringResponse
 from jobstore import lifecycle
 from jobstore.chunks import RowSlot
 from workers.job_calibration import calibrate_finished_job

@@ -9,7 +9,8 @@ from api.deps import KeyDep, RedisDep
 from api.json_body import StrictJsonRoute
 from api.sync_calls import score_sync, sync_call
 from api.sync_replies import job_priors, score_reply
-from contract.protocol import ScoringRequest, ScoringResponse
+from contract.protocol import ScoringRequest
+from contract.scoring_results import ScoringResponse
 
 router = APIRouter(route_class=StrictJsonRoute)
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import orjson
 import torch
 
-from contract.protocol import Query, ScoringRequest, ScoringResponse
+from contract.protocol import Query, ScoringRequest
+from contract.scoring_results import ScoringResponse
 from contract.templates import expand_grid
 
 CASES_PATH = Path(__file__).resolve().parents[2] / "fixtures" / "parity" / "cases.json"

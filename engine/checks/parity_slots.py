@@ -24,7 +24,8 @@ from pathlib import Path
 import orjson
 import torch
 
-from contract.protocol import ScoringRequest, ScoringResponse
+from contract.protocol import ScoringRequest
+from contract.scoring_results import ScoringResponse
 from contract.templates import expand_grid
 from engine.checks.parity import Reference
 from engine.extraction.decoder import BeamDecoder, DecodeState, answers, start_state

@@ -10,7 +10,8 @@ builder, so a pack's questions are branches of the same tree as the request's ow
 
 from __future__ import annotations
 
-from contract.protocol import PackResult, QueryResult, ScoringRequest
+from contract.protocol import ScoringRequest
+from contract.scoring_results import PackResult, QueryResult
 from prompt_packs.apply import split_pack_results, with_packs
 from prompt_packs.format import Pack
 from prompt_packs.registry import PackRegistry, UnknownPackError

@@ -18,16 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from contract.probability import reweight
-from contract.protocol import (
-    Combination,
-    CombinationDebug,
-    OptionDebug,
-    OptionScore,
-    QueryResult,
-    ScoringResponse,
-    SlotAnswer,
-    Usage,
-)
+from contract.scoring_results import Combination, CombinationDebug, OptionDebug, OptionScore, QueryResult, ScoringResponse, SlotAnswer, Usage
 from engine.extraction.decoder import answers, floor_p
 from engine.extraction.decoding import SlotJob
 from engine.pipeline.floors import FloorCache

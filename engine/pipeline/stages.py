@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 import torch
 
-from contract.protocol import ScoringRequest, ScoringResponse
+from contract.protocol import ScoringRequest
+from contract.scoring_results import ScoringResponse
 from engine.extraction.kv_cache import SlotKV
 from engine.extraction.slots import SlotSpec
 from engine.layers.attention import AttentionMetadata

@@ -16,7 +16,7 @@ from api.app import create_app
 from contract import queues
 from contract.decisions import DecisionCreate
 from contract.payloads import ChunkPayload
-from contract.protocol import ScoringResponse
+from contract.scoring_results import ScoringResponse
 from jobstore import lifecycle
 from jobstore.submit import chunk_rq_id
 from prompt_packs.decision_answers import is_refusal, read_decision

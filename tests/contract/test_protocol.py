@@ -82,7 +82,7 @@ def test_extraction_slots_parse(query, max_tokens):
 
 
 def test_slot_and_option_results_share_one_shape():
-    from contract.protocol import Combination, OptionScore, SlotAnswer
+    from contract.scoring_results import Combination, OptionScore, SlotAnswer
 
     option = Combination(values={}, options=[OptionScore(text=" yes", logprob=-0.1, p=0.9, floor_p=0.5)],
                          residual=0.1)

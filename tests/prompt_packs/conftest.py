@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from contract.protocol import Combination, OptionScore, QueryResult
+from contract.scoring_results import Combination, OptionScore, QueryResult
 
 MINI = """\
 # a hand-written comment that must survive a calibration write

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from contract.protocol import Combination, OptionScore, QueryResult
+from contract.scoring_results import Combination, OptionScore, QueryResult
 from prompt_packs.apply import apply_pack
 from prompt_packs.calibration_choice import choose_among_inputs
 from prompt_packs.calibration_fit import ScoredRow, fit_pack, to_pack_calibration
