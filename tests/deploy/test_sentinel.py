@@ -23,7 +23,7 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from conftest import _redis_executable, free_port
+from reliability.servers import free_port, redis_executable
 from contract import queues
 from contract.payloads import JobItem, JobStatus
 from contract.protocol import ScoringSpec
@@ -40,7 +40,7 @@ SCORING = {"queries": [{"id": "refund", "template": "\n\nRefund?\nAnswer:{?}", "
 
 
 def _server(workdir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([_redis_executable(), *args], cwd=workdir, stdout=subprocess.DEVNULL,
+    return subprocess.Popen([redis_executable(), *args], cwd=workdir, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
 
