@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from api.decisions import DecideRequest, read_decision as read_decide, scoring_request  # noqa: E402
 from contract.decisions import DecisionCreate  # noqa: E402
-from contract.protocol import ScoringResponse  # noqa: E402
+from contract.scoring_results import ScoringResponse  # noqa: E402
 from prompt_packs.decision_answers import is_refusal, read_decision  # noqa: E402
 from prompt_packs.decision_format import decision_request  # noqa: E402
 
