@@ -22,6 +22,7 @@ from contract.probability import normalise
 from contract.protocol import ContentText, Message, Query, ScoringRequest, ScoringSpec, Text
 from contract.settings import LIMITS
 from prompt_packs.orderings import (
+    LETTERS,
     OrderingMode,
     choice_orders,
     combine_orderings,
@@ -47,7 +48,7 @@ class DecisionOption(_Strict):
 class DecisionSpec(_Strict):
     id: str | None = Field(default=None, min_length=1, max_length=100)  # shared: default "d<index>"
     question: Text(LIMITS.max_template_chars, min_chars=1)
-    options: list[DecisionOption] = Field(min_length=2)
+    options: list[DecisionOption] = Field(min_length=2, max_length=len(LETTERS))  # lettered: A to Z
     orderings: OrderingMode = "one"  # "rotations" / "all" (<= 4 options): ask every order, average
     workload: str | None = None  # a settings.workloads name: adds `calibrated` when it has a temperature
 

@@ -40,6 +40,7 @@ CROSS_FIELD_RULES = (
     (r"nested more than \d+ levels deep|more than [\d,]+ values; give|bytes as compact JSON, more than",
      "input_json data's nesting depth and value count, and its size as JSON text"),
     (r"model: unknown model", "the models served change as workers come and go; the spec is made once"),
+    (r"this model reads at most \d+", "the tokens of a request against the served model's context: known once tokenized"),
     (r"give at least one query, or name a pack|send a `scoring` block or name `packs`|named more than once",
      "at least one query or one pack, no pack twice: as anyOf / uniqueItems, schemathesis' coverage phase did not end"),
 )
