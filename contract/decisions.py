@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    SerializationInfo,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from contract.json_limits import INPUT_JSON_LIMITS, json_limit_problem
 from contract.protocol import ContentText, Text
@@ -45,7 +55,11 @@ def one_of(tag: str, kinds: dict[str, Any]) -> Any:
             raise ValueError(f"{tag}: {given} is not one of {', '.join(map(repr, adapters))}")
         return chosen.validate_python(value)
 
-    return Annotated[union, PlainValidator(validate, json_schema_input_type=union)]
+    def dump(value: Any, info: SerializationInfo) -> Any:  # a model by its own serializer
+        return value.model_dump(mode=info.mode, exclude_none=info.exclude_none) if isinstance(value, BaseModel) \
+            else value
+
+    return Annotated[union, PlainValidator(validate, json_schema_input_type=union), PlainSerializer(dump)]
 
 
 def text_or(text: Any, parts: Any) -> Any:
@@ -56,7 +70,11 @@ def text_or(text: Any, parts: Any) -> Any:
     def validate(value: Any) -> Any:
         return (as_text if isinstance(value, str) else as_parts).validate_python(value)
 
-    return Annotated[union, PlainValidator(validate, json_schema_input_type=union)]
+    def dump(value: Any, info: SerializationInfo) -> Any:  # each branch by its own serializer
+        return (as_text if isinstance(value, str) else as_parts).dump_python(value, mode=info.mode,
+                                                                              exclude_none=info.exclude_none)
+
+    return Annotated[union, PlainValidator(validate, json_schema_input_type=union), PlainSerializer(dump)]
 
 
 class CacheBreakpoint(_Strict):
