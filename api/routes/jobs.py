@@ -42,7 +42,9 @@ from jobstore.submit import new_job_id
 router = APIRouter(route_class=StrictJsonRoute)
 
 
-@router.post("/v1/jobs", status_code=201, response_model=JobView)
+@router.post("/v1/jobs", status_code=201, response_model=JobView,
+             responses={200: {"model": JobView, "description": "The job an earlier submit with this"
+                              " Idempotency-Key made (the same body): nothing new is queued"}})
 def create_job(
     body: JobCreate, key: KeyDep, r: RedisDep, settings: SettingsDep, packs: PacksDep, response: Response,
     idempotency_key: str | None = Header(default=None, max_length=256),

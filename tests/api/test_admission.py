@@ -49,6 +49,9 @@ def test_idempotency_key_returns_the_same_job(client, bearer):
     again = client.post("/v1/jobs", json=JOB, headers=headers)
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"]
+    documented = client.get("/openapi.json").json()["paths"]["/v1/jobs"]["post"]["responses"]
+    assert {"200", "201"} <= set(documented)  # both answers are in the spec, with the job's schema
+    assert documented["200"]["content"] == documented["201"]["content"]
     other_body = JOB | {"items": [{"custom_id": "b", "text": "bye"}]}
     assert client.post("/v1/jobs", json=other_body, headers=headers).status_code == 409
     # the same key string from another API key is another job
