@@ -138,6 +138,9 @@ def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     upload = schemas.get("Body_upload_file_v1_files_post", {}).get("properties", {})
     if "purpose" in upload:
         upload["purpose"]["enum"] = list(UPLOAD_PURPOSES)
+    if "file" in upload:  # a file part is bytes whatever they spell: no JSON type to hold them to
+        upload["file"].pop("type", None)
+        upload["file"]["description"] = "The file's bytes (batch input: JSONL, checked line by line at batch creation)"
     if packs:
         schemas["PackRef"]["properties"]["id"]["enum"] = sorted(packs)
     for name in ("ScoringRequest", "ChatRequest", "JobCreate"):
