@@ -138,9 +138,10 @@ def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     upload = schemas.get("Body_upload_file_v1_files_post", {}).get("properties", {})
     if "purpose" in upload:
         upload["purpose"]["enum"] = list(UPLOAD_PURPOSES)
-    if "file" in upload:  # a file part is bytes whatever they spell: no JSON type to hold them to
-        upload["file"].pop("type", None)
-        upload["file"]["description"] = "The file's bytes (batch input: JSONL, checked line by line at batch creation)"
+    if "file" in upload:  # bytes whatever they spell (a file part, or a plain field's text): no JSON type
+        upload["file"] = {"title": "File", "contentMediaType": "application/octet-stream",
+                          "description": "The file's bytes (batch input: JSONL, checked line by line when a"
+                                         " batch is created); a file part, or a plain form field's text"}
     if packs:
         schemas["PackRef"]["properties"]["id"]["enum"] = sorted(packs)
     for name in ("ScoringRequest", "ChatRequest", "JobCreate"):

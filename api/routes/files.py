@@ -11,8 +11,9 @@ A file belongs to the key that uploaded it (or whose batch wrote it): another ke
 from __future__ import annotations
 
 import asyncio
+import io
 import time
-from typing import Annotated, Literal
+from typing import Annotated, BinaryIO, Literal
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import StreamingResponse
@@ -37,21 +38,31 @@ MAX_FILE_LIST_LIMIT = 10_000  # OpenAI's bound for GET /v1/files
 
 @router.post("/v1/files", response_model=FileObject, response_model_exclude_none=True)
 async def upload_file(
-    request: Request, key: KeyDep, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()],
+    request: Request, key: KeyDep, file: Annotated[UploadFile | str, File()], purpose: Annotated[str, Form()],
 ) -> FileObject:
-    """Store a batch input file (Redis, or S3 past file_redis_max_bytes when files_s3 is set)."""
+    """Store a batch input file (Redis, or S3 past file_redis_max_bytes when files_s3 is set). The
+    file is a file part, or a plain form field (no filename): its text's UTF-8 bytes."""
     state = request.app.state
     settings = state.settings
     if purpose not in UPLOAD_PURPOSES:
         raise ApiError(422, f"purpose: {purpose!r}: this service reads files as batch input only;"
                        f" give one of {list(UPLOAD_PURPOSES)}", param="purpose")
-    if file.size is not None and file.size > settings.max_file_bytes:
-        raise ApiError(413, f"file: {file.size} bytes; the limit is {settings.max_file_bytes} bytes"
+    name, size, stream = _upload_parts(file)
+    if size is not None and size > settings.max_file_bytes:
+        raise ApiError(413, f"file: {size} bytes; the limit is {settings.max_file_bytes} bytes"
                        " (SPINF_MAX_FILE_BYTES)", param="file")
     expires_at = _expires_at(await request.form())
     stored = await asyncio.to_thread(files.store_file, state.redis, state.s3, settings, key.name,
-                                     file.filename or "upload.jsonl", purpose, file.file, expires_at)
+                                     name, purpose, stream, expires_at)
     return stored.object
+
+
+def _upload_parts(file: UploadFile | str) -> tuple[str, int | None, BinaryIO]:
+    """(filename, size if known, byte stream) of the uploaded file."""
+    if isinstance(file, str):
+        data = file.encode("utf-8", "surrogatepass")
+        return "upload.jsonl", len(data), io.BytesIO(data)
+    return file.filename or "upload.jsonl", file.size, file.file
 
 
 def _expires_at(form) -> int | None:

@@ -74,3 +74,14 @@ def test_an_uploaded_files_part_is_bytes_of_any_spelling(client):
     file = part["properties"]["file"]
     assert "type" not in file and file["contentMediaType"] == "application/octet-stream"
     assert part["required"] == ["file", "purpose"]
+
+
+def test_a_file_sent_as_a_plain_form_field_is_stored_as_its_text(client, bearer):
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/score", "body": {}}\n'
+    as_part = client.post("/v1/files", files={"file": ("in.jsonl", line)}, data={"purpose": "batch"},
+                          headers=bearer("alice"))
+    as_field = client.post("/v1/files", data={"file": line.decode(), "purpose": "batch"}, headers=bearer("alice"))
+    assert (as_part.status_code, as_field.status_code) == (200, 200), (as_part.text, as_field.text)
+    assert as_field.json()["bytes"] == as_part.json()["bytes"] == len(line)
+    content = client.get(f"/v1/files/{as_field.json()['id']}/content", headers=bearer("alice"))
+    assert content.content == line
