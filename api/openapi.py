@@ -139,7 +139,8 @@ def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     if "purpose" in upload:
         upload["purpose"]["enum"] = list(UPLOAD_PURPOSES)
     if "file" in upload:  # bytes whatever they spell (a file part, or a plain field's text): no JSON type
-        upload["file"] = {"title": "File", "contentMediaType": "application/octet-stream",
+        upload["file"] = {"title": "File", "type": ["string", "number", "boolean"],  # what a form part can carry
+                          "contentMediaType": "application/octet-stream",
                           "description": "The file's bytes (batch input: JSONL, checked line by line when a"
                                          " batch is created); a file part, or a plain form field's text"}
     if packs:
