@@ -138,7 +138,7 @@ def _choices(schemas: dict, packs: list[str], workloads: list[str]) -> None:
     upload = schemas.get("Body_upload_file_v1_files_post", {}).get("properties", {})
     if "purpose" in upload:
         upload["purpose"]["enum"] = list(UPLOAD_PURPOSES)
-    if "file" in upload:  # bytes whatever they spell (a file part, or a plain field's text): no JSON type
+    if "file" in upload:  # bytes whatever they spell: the scalars a form part carries as text (a file part or a plain field)
         upload["file"] = {"title": "File", "type": ["string", "number", "boolean"],  # what a form part can carry
                           "contentMediaType": "application/octet-stream",
                           "description": "The file's bytes (batch input: JSONL, checked line by line when a"
