@@ -31,15 +31,17 @@ class _Strict(BaseModel):
 
 
 class JobStatus(str, enum.Enum):
+    """A job's status: queued, running, then one of the three terminal ones."""
+
+    is_terminal = property(lambda self: self in TERMINAL_JOB_STATUSES)
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def is_terminal(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+TERMINAL_JOB_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
 class JobItem(_Strict):

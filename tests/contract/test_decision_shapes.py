@@ -12,19 +12,19 @@ from openai.types import decision_input_text_param, shared_params
 from contract import decisions
 
 EXTENSIONS = {"workload", "orderings"}  # ours only: docs/decisions.md
-PAIRS = [
-    (decisions.DecisionCreate, params.DecisionCreateParams),
-    (decisions.PredicateQuestion, params.QuestionQuestionParamPredicate),
-    (decisions.ChoiceQuestion, params.QuestionQuestionParamChoice),
-    (decisions.Choice, params.QuestionQuestionParamChoiceChoice),
-    (decisions.ScoreQuestion, params.QuestionQuestionParamScore),
-    (decisions.Level, params.QuestionQuestionParamScoreLevel),
-    (decisions.PromptCacheOptions, params.PromptCacheOptions),
-    (decisions.UserMessage, params.InputUnionMember1DecisionInputUserMessage),
-    (decisions.AssistantMessage, params.InputUnionMember1DecisionInputAssistantMessage),
-    (decisions.InputText, decision_input_text_param.DecisionInputTextParam),
-    (decisions.InputJson, shared_params.DecisionInputJSON),
-]
+THEIRS = {  # our model -> the wheel's
+    decisions.DecisionCreate: params.DecisionCreateParams,
+    decisions.PredicateQuestion: params.QuestionQuestionParamPredicate,
+    decisions.ChoiceQuestion: params.QuestionQuestionParamChoice,
+    decisions.Choice: params.QuestionQuestionParamChoiceChoice,
+    decisions.ScoreQuestion: params.QuestionQuestionParamScore,
+    decisions.Level: params.QuestionQuestionParamScoreLevel,
+    decisions.PromptCacheOptions: params.PromptCacheOptions,
+    decisions.UserMessage: params.InputUnionMember1DecisionInputUserMessage,
+    decisions.AssistantMessage: params.InputUnionMember1DecisionInputAssistantMessage,
+    decisions.InputText: decision_input_text_param.DecisionInputTextParam,
+    decisions.InputJson: shared_params.DecisionInputJSON,
+}
 
 
 def _required(typed_dict) -> set[str]:
@@ -32,7 +32,7 @@ def _required(typed_dict) -> set[str]:
     return {name for name, hint in hints.items() if typing.get_origin(hint) is typing.Required}
 
 
-@pytest.mark.parametrize(("ours", "theirs"), PAIRS, ids=[p[0].__name__ for p in PAIRS])
+@pytest.mark.parametrize(("ours", "theirs"), list(THEIRS.items()), ids=[ours.__name__ for ours in THEIRS])
 def test_the_wheels_fields_and_only_our_extensions(ours, theirs):
     wheel = set(typing.get_type_hints(theirs))
     assert wheel <= set(ours.model_fields)

@@ -4,6 +4,7 @@ its floors keep the pack's presentation; an unknown pack is an error naming it."
 from __future__ import annotations
 
 from contract.protocol import ScoringRequest
+from contract.scoring_results import PackResult
 from engine import RequestError
 from prompt_packs.apply import expand_pack, split_pack_results, with_packs
 from prompt_packs.registry import PackRegistry
@@ -56,7 +57,7 @@ def test_request_naming_a_pack_gets_its_output_beside_its_own_results(tiny_engin
     own, applied = split_pack_results(merged.results, [pack])
     assert [r.id for r in named.results] == ["refund"]
     assert named.results == own
-    assert [p.model_dump(exclude_none=True) for p in named.packs] == [_without_none(a) for a in applied]
+    assert named.packs == [PackResult.model_validate(a) for a in applied]
     assert named.usage == merged.usage  # one read: the same tree as the merged request's
     topic = named.packs[0].questions["topic"]
     assert topic.combined["top"] in topic.choices
@@ -106,10 +107,3 @@ def test_a_query_id_clashing_with_a_pack_question_is_an_error(tiny_engine):
     [error] = engine.score_requests([ScoringRequest.model_validate(body)]).results
     assert isinstance(error, RequestError) and error.field == "scoring.queries"
 
-
-def _without_none(value):
-    if isinstance(value, dict):
-        return {k: _without_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_none(v) for v in value]
-    return value
