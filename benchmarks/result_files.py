@@ -27,13 +27,16 @@ _NAME_PART = re.compile(r"[A-Za-z0-9._]+(-[A-Za-z0-9._]+)*")
 
 
 def git_commit(dirty_paths: tuple[str, ...] = ()) -> str:
-    """HEAD's hash, + "-dirty" when any of `dirty_paths` differs from HEAD in the working tree;
-    outside git (the GPU machine's copy) the $COMMIT its caller names, else "unknown"."""
+    """The $COMMIT the caller names (the GPU machine's copy of a working tree: its own git, if
+    any, need not be at that tree's commit), else HEAD's hash, + "-dirty" when any of
+    `dirty_paths` differs from HEAD in the working tree; "unknown" outside git."""
+    if os.environ.get("COMMIT") not in (None, "", "unknown"):
+        return os.environ["COMMIT"]
     try:
         commit = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=RESULTS.parent, text=True,
                                          stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("COMMIT") or "unknown"
+        return "unknown"
     if dirty_paths and subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *dirty_paths], cwd=RESULTS.parent,
                                      check=False).returncode:
         commit += "-dirty"

@@ -41,3 +41,13 @@ def test_outside_git_the_commit_is_the_callers(monkeypatch, tmp_path):
     assert result_files.new_result(gpu="x")["commit"] == "e492850"
     monkeypatch.delenv("COMMIT")
     assert result_files.git_commit() == "unknown"
+
+
+def test_the_callers_commit_wins_inside_a_checkout_too(monkeypatch):
+    """The GPU machine's copy of a working tree may carry a .git at another commit: $COMMIT names
+    the tree that ran."""
+    monkeypatch.delenv("COMMIT", raising=False)
+    head = result_files.git_commit()
+    assert head != "unknown"
+    monkeypatch.setenv("COMMIT", "0123abc")
+    assert result_files.git_commit() == "0123abc" != head
