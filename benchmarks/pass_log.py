@@ -4,8 +4,9 @@
       per pass: {pass_id, tokens, launch, launched, gpu_start, gpu_end}   (time.time() seconds)
       per tagged row (its last message starts with `[sync-<i>]`), rows that joined a batch too:
         i -> (pass ids, batch end), the last batch that scored it
-    summary(passes, start, end): passes in [start, end], the median pass time, the time the
-      GPU was busy / idle between passes there, the host's launch time per pass
+    summary(passes, start, end): passes in [start, end], the median batch pass time, the time
+      the GPU was busy / idle between passes there, the host's launch time per pass; sync lane
+      passes (their own CUDA stream, beside a batch pass: `lane`) apart
 
 On CUDA, `gpu_start` / `gpu_end` come from events recorded around each pass's kernels, placed on
 the wall clock through a reference event recorded when the log starts (the GPU idle then); on
@@ -49,7 +50,8 @@ class PassLog:
             launched = launch(batch)
             if self.is_cuda:
                 after.record()
-            row |= {"pass_id": self.runner.num_passes, "launched": time.time()}
+            lane = self.is_cuda and torch.cuda.current_stream() != torch.cuda.default_stream()
+            row |= {"pass_id": self.runner.num_passes, "launched": time.time(), "lane": lane}
             self._marks.append((row, before, after))
             return launched
 
@@ -95,19 +97,41 @@ class PassLog:
 
 
 def summary(passes: list[dict], start: float, end: float) -> dict:
-    """The passes that ran on the device inside [start, end], and how busy they kept it."""
+    """The passes that ran on the device inside [start, end], and how busy they kept it. Sync
+    lane passes (`lane`: on their own stream, beside a batch pass) count in the busy time (the
+    union of all passes' intervals) but not in the median pass, which is the batch passes'."""
     inside = [p for p in passes if p["gpu_end"] > start and p["gpu_start"] < end]
-    durations = [p["gpu_end"] - p["gpu_start"] for p in inside]
-    busy = sum(min(p["gpu_end"], end) - max(p["gpu_start"], start) for p in inside)
-    gaps = [b["gpu_start"] - a["gpu_end"] for a, b in zip(inside, inside[1:]) if b["gpu_start"] > a["gpu_end"]]
+    batch = [p for p in inside if not p.get("lane")]
+    lane = [p for p in inside if p.get("lane")]
+    spans = _union([(max(p["gpu_start"], start), min(p["gpu_end"], end)) for p in inside])
+    busy = sum(b - a for a, b in spans)
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]
     return {
-        "num_passes": len(inside),
+        "num_passes": len(batch),
+        "num_lane_passes": len(lane),
         "tokens": sum(p["tokens"] for p in inside),
-        "median_pass_s": statistics.median(durations) if durations else None,
+        "median_pass_s": _median([p["gpu_end"] - p["gpu_start"] for p in batch]),
+        "median_lane_pass_s": _median([p["gpu_end"] - p["gpu_start"] for p in lane]),
         "busy_s": busy,
         "window_s": end - start,
         "busy_share": busy / (end - start) if end > start else None,
         "idle_between_passes_s": sum(gaps),
-        "idle_per_pass_s": sum(gaps) / max(1, len(inside) - 1),
-        "host_launch_per_pass_s": statistics.median([p["launched"] - p["launch"] for p in inside]) if inside else None,
+        "idle_per_pass_s": sum(gaps) / max(1, len(batch) - 1),
+        "host_launch_per_pass_s": _median([p["launched"] - p["launch"] for p in batch]),
+        "host_launch_per_lane_pass_s": _median([p["launched"] - p["launch"] for p in lane]),
     }
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping intervals merged, in order."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None

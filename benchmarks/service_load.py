@@ -22,6 +22,7 @@ pass on both paths.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -173,6 +174,8 @@ def main() -> None:
     parser.add_argument("--chunk-num-rows", type=int, default=8, help="rows per chunk job (the API's setting)")
     parser.add_argument("--worker-batch-passes", type=int, default=Settings().worker_batch_passes,
                         help="full passes of rows a worker gathers per batch (SPINF_WORKER_BATCH_PASSES)")
+    parser.add_argument("--sync-lane", choices=("auto", "on", "off"), default="auto",
+                        help="sync calls in passes of their own (auto: on CUDA; engine/pipeline/sync_lane.py)")
     parser.add_argument("--commit", default=None)
     args = parser.parse_args()
 
@@ -182,6 +185,8 @@ def main() -> None:
     items = [{"custom_id": f"t{i}", "text": text} for i, text in enumerate(workload.contents(args.num_texts))]
     spec = {"queries": workload.queries}
     engine = make_engine(args.model)
+    if args.sync_lane != "auto":
+        engine.config = dataclasses.replace(engine.config, sync_lane=args.sync_lane == "on")
     log = PassLog(engine)
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
@@ -223,7 +228,7 @@ def report(args, engine, plan: dict, http: dict, alone: dict) -> dict:
     return {
         "commit": args.commit or git_commit(), "date": datetime.date.today().isoformat(),
         "command": "python3 benchmarks/service_load.py " + " ".join(sys.argv[1:]),
-        "model": args.model, "device": engine.runner.device.type, "gpu": _gpu_name(),
+        "model": args.model, "device": engine.runner.device.type, "gpu": _gpu_name(), "sync_lane": engine.uses_sync_lane,
         "dtype": engine.dtype_name, "max_num_batched_tokens": engine.config.max_num_batched_tokens,
         "workload": args.workload, "num_texts": args.num_texts, "copies": args.copies,
         "chunk_num_rows": args.chunk_num_rows, "worker_batch_passes": args.worker_batch_passes, "num_rows": rows, "num_questions": questions,

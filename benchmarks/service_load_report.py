@@ -58,10 +58,13 @@ def markdown(result: dict) -> str:
         "",
         f"Through HTTP: **{result['http_share_of_engine_alone'] * 100:.1f}%** of the engine alone's questions/s.",
         "",
-        f"Sync calls while the device was {_f(window['busy_share'] * 100, 1)}% busy ({window['num_passes']} passes,"
-        f" median pass {_f(window['median_pass_s'])} s): status {sync['status']}; latency p50 {_f(sync['p50_s'])} s,"
+        f"Sync calls while the device was {_f(window['busy_share'] * 100, 1)}% busy ({window['num_passes']} batch passes,"
+        f" median batch pass {_f(window['median_pass_s'])} s; {window.get('num_lane_passes', 0)} sync lane passes"
+        f" beside them, median {_f(window.get('median_lane_pass_s'))} s on the device, host launch"
+        f" {_f(window.get('host_launch_per_lane_pass_s'), 4)} s): status {sync['status']}; latency p50 {_f(sync['p50_s'])} s,"
         f" p99 {_f(sync['p99_s'])} s, max {_f(sync['max_s'])} s; p99 / median pass ="
         f" **{_f(sync['p99_over_median_pass'], 2)}**; median wait from sending to its pass starting"
         f" {_f(sync['median_wait_for_pass_s'])} s. The JSON lists every call: the pass it rode, its wait and latency.",
+        f"The engine {'ran sync calls in passes of their own beside the batch passes (the sync lane: a high-priority stream on CUDA)' if result.get('sync_lane') else 'packed sync calls into the next batch pass'}.",
     ]
     return "\n".join(lines) + "\n"

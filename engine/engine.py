@@ -55,10 +55,12 @@ from engine.pipeline.packer import (
 from engine.pipeline.prompts import PromptError, PromptRenderer
 from engine.pipeline.responses import ResponseBuilder
 from engine.pipeline.runner import ModelRunner
+from engine.pipeline.sync_lane import SyncLane
 from engine.pipeline.stages import (
     BatchOutput,
     CompiledRequest,
     FloorKey,
+    PackedBatch,
     RequestError,
     TokenTree,
     TreeOwner,
@@ -108,6 +110,7 @@ class EngineConfig:
     floor_cache_size: int = DEFAULT_FLOOR_CACHE_SIZE
     quantization: str = "none"  # "none" | "fp8" (Hopper) | "int8" (weights only); see quantizations/
     pack_dirs: tuple[str, ...] = ()  # prompt-pack folders loaded on top of the official packs/
+    sync_lane: bool | None = None  # arrivals in passes of their own (engine/pipeline/sync_lane.py); None: on CUDA
 
 
 class Engine:
@@ -242,16 +245,19 @@ class Engine:
         pass it needed has run), before the batch's last pass: a worker settles a sync call
         there, while the next pass runs, and counts a job's rows as they are scored; a response
         told so is not kept (None in the output: a batch fed by `refill` may go on for hours).
-        `arrivals()`: requests that arrived since it was last called (a worker's sync calls),
-        asked each time the packer is about to take the next request; they are packed before
-        the rest (so they ride the next pass packed) and get the indices after the ones
-        before them, in `on_result` and in the output. `refill()`: asked when no request is
+        `arrivals()`: requests that arrived since it was last called (a worker's sync calls);
+        they get the indices after the ones before them, in `on_result` and in the output.
+        With the sync lane (`uses_sync_lane`: CUDA by default) it is asked every few
+        milliseconds while a pass runs, and what it brings runs at once in passes of its own
+        beside the batch's (engine/pipeline/sync_lane.py); without it, it is asked each time
+        the packer is about to take the next request, and what it brings is packed before the
+        rest (so it rides the next pass). `refill()`: asked when no request is
         left to pack; what it returns is packed next, after the same rule's indices, so the
         passes go on without a break (an empty list ends the batch; it is not asked once a
         request with extraction slots is in, since slots are decoded after the last pass).
-        A RequestError is told through `on_result` as it is admitted. With either, on CUDA each
-        pass is packed late, near the end of the pass before it (engine/pipeline/launch_clock.py),
-        so that an arrival rides the pass after the one in flight."""
+        A RequestError is told through `on_result` as it is admitted. Without the lane, with
+        either, on CUDA each pass is packed late, near the end of the pass before it
+        (engine/pipeline/launch_clock.py), so that an arrival rides the pass after the one in flight."""
         with cyclic_gc_deferred():
             return self._score_batch(list(compiled), while_waiting, on_result, arrivals, refill)
 
@@ -260,15 +266,41 @@ class Engine:
         builder = self._response_builder(compiled, on_result)
         pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), pack)
+        lane = None
+        if arrivals is not None and self.uses_sync_lane:
+            lane = SyncLane(partial(self._lane_batches, builder, arrivals, pack), self.runner.launch, self.runner.device)
+            arrivals = None  # the lane takes them
         batches = pack(self._trees(builder, arrivals, refill), self.config.max_num_batched_tokens,
                        first_max_num_tokens=self.first_pass_tokens)
-        clock = self.launch_clock if arrivals is not None or refill is not None else None
-        for batch, output in self.runner.run_all(batches, while_waiting, clock):
+        clock = self.launch_clock if lane is None and (arrivals is not None or refill is not None) else None
+        for batch, output in self.runner.run_all(batches, while_waiting, clock, lane):
             builder.collect(batch, output)
             extraction.collect(batch, output)
         extraction.run(self.runner, self.config.max_num_batched_tokens)
         builder.collect_slots(extraction.jobs)
         return builder.finish()
+
+    @property
+    def uses_sync_lane(self) -> bool:
+        """Whether arrivals ride passes of their own beside the batch's (`config.sync_lane`)."""
+        lane = self.config.sync_lane
+        return self.runner.device.type == "cuda" if lane is None else lane
+
+    def _lane_batches(self, builder: ResponseBuilder, arrivals: Callable[[], list[CompiledRequest | RequestError]],
+                      pack) -> list[PackedBatch]:
+        """The arrivals since the last look, admitted (their indices next) and packed on their
+        own: the floors nobody asked for yet, then their trees."""
+        arrived = arrivals()
+        if not arrived:
+            return []
+        first = len(builder.compiled)
+        trees = list(self._floor_trees(builder.admit(arrived)))
+        budget = self.config.max_num_batched_tokens
+        for index in range(first, len(builder.compiled)):
+            request = builder.compiled[index]
+            if isinstance(request, CompiledRequest):
+                trees += [(TreeOwner(index), tree) for tree in split_tree(request.tree, budget)]
+        return list(pack(iter(trees), budget))
 
     def _response_builder(self, compiled: list[CompiledRequest | RequestError], on_result=None) -> ResponseBuilder:
         """What the responses need of this engine: its floor cache, name, fingerprint, tokenizer."""

@@ -28,6 +28,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.layers.ops import SCORE_CHUNK, to_device
 from engine.pipeline.launch_clock import LaunchClock
 from engine.pipeline.stages import PackedBatch, RunnerOutput
+from engine.pipeline.sync_lane import SyncLane
 
 if TYPE_CHECKING:  # types only: extraction drives this runner (engine/extraction/decoding.py imports it)
     from engine.extraction.select import Candidates
@@ -83,14 +84,16 @@ class ModelRunner:
 
     def run_all(
         self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None,
-        clock: LaunchClock | None = None,
+        clock: LaunchClock | None = None, lane: SyncLane | None = None,
     ) -> Iterator[tuple[PackedBatch, RunnerOutput]]:
         """The passes in order. The next batch is packed on the CPU (the iterator's work) while
         the GPU runs the pass in flight; a pass's outputs are read once the next is launched.
         `while_waiting`: host work for the waits (see _Launched.wait); CUDA only (on CPU a pass
         is done when launched). Every wait but the last has the next pass queued behind it.
         `clock` (CUDA): pack each pass late, near the end of the pass before it, so that it
-        takes what arrived meanwhile (engine/pipeline/launch_clock.py); without it, at once."""
+        takes what arrived meanwhile (engine/pipeline/launch_clock.py); without it, at once.
+        `lane`: the waits look for sync arrivals and run them in passes of their own beside the
+        batch's (engine/pipeline/sync_lane.py), yielded as they end, the last after the batch's."""
         clock = clock if self.device.type == "cuda" else None
         batches = iter(batches)
         in_flight: _Launched | None = None
@@ -107,6 +110,8 @@ class ModelRunner:
             if clock is not None:
                 clock.launched(time.perf_counter() - began)
             if in_flight is not None:
+                if lane is not None:
+                    yield from lane.serve_until(in_flight.is_done, while_waiting)
                 output = in_flight.wait(while_waiting)
                 launched.started_at = max(began, time.perf_counter())  # it runs once the one before ends
                 if clock is not None:
@@ -114,7 +119,11 @@ class ModelRunner:
                 yield in_flight.batch, output
             in_flight = launched
         if in_flight is not None:
+            if lane is not None:
+                yield from lane.serve_until(in_flight.is_done, while_waiting)
             yield in_flight.batch, in_flight.wait(while_waiting)
+        if lane is not None:
+            yield from lane.drain()
 
     def run(self, batch: PackedBatch) -> RunnerOutput:
         return self.launch(batch).wait()

@@ -1,9 +1,10 @@
-"""GPU: a batch that arrivals may join packs each pass late, near the end of the pass before it
+"""GPU, without the sync lane: a batch that arrivals may join packs each pass late, near the end of the pass before it
 (engine/pipeline/launch_clock.py), and scores the same bits as one packed at once (a 24-layer
 cut of the Gemma-3-12B architecture, random weights, real tokenizer, news requests)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def test_gpu_passes_are_packed_late_and_score_the_same_bits():
     from pass_log import PassLog
 
     engine, requests = _engine_and_requests()
+    engine.config = dataclasses.replace(engine.config, sync_lane=False)  # arrivals packed into the batch's passes
     compiled = [engine.compile(r) for r in requests]
     at_once = engine.score_batch(compiled)
     engine.score_batch(compiled, arrivals=lambda: [])  # the clock learns this engine's passes

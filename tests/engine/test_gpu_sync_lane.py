@@ -1,0 +1,67 @@
+"""GPU: sync arrivals run in passes of their own on a high-priority stream beside the batch's
+passes (engine/pipeline/sync_lane.py): each is answered before the batch pass in flight when it
+came has been followed by another, with the bits it gets alone (a 24-layer cut of the
+Gemma-3-12B architecture, random weights, real tokenizer, news requests)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+@pytest.mark.gpu
+def test_gpu_arrivals_are_answered_within_a_batch_pass_with_their_own_bits():
+    if not torch.cuda.is_available():
+        pytest.fail("needs CUDA (run through the device tool)")
+    import random_models
+    from pass_log import PassLog
+    from workloads import load_workload
+
+    from contract.protocol import ScoringRequest
+
+    engine = random_models.random_engine(random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=24),
+                                         "gemma-3-12b", 8192)
+    engine.warm_up()
+    assert engine.uses_sync_lane
+    news = load_workload("news")
+    batch = [ScoringRequest.model_validate(r) for r in news.requests(engine.model_name, 24, 64)] * 2  # ~12 passes
+    late = [ScoringRequest.model_validate(r) for r in news.requests(engine.model_name, 6, 5)]  # 5 questions each
+    alone = engine.score_requests(late).results
+    engine.score_requests(batch)  # every pass shape compiled, floors cached
+    log = PassLog(engine)
+    first = engine.runner.num_passes
+    due = {first + 2 + 2 * i: late[i] for i in range(len(late))}  # one call every two batch passes
+    handed: dict[int, float] = {}
+    told: dict[int, float] = {}
+    compiled = [engine.compile(r) for r in batch]
+
+    def arrivals():
+        ready = [k for k in due if engine.runner.num_passes >= k]
+        out = []
+        for k in sorted(ready):
+            handed[len(batch) + len(handed)] = time.perf_counter()
+            out.append(engine.compile(due.pop(k)))
+        return out
+
+    def on_result(index, response, pass_ids):
+        told.setdefault(index, time.perf_counter())
+        results[index] = response
+
+    results = {}
+    engine.score_batch(compiled, arrivals=arrivals, on_result=on_result)
+    assert not due, f"calls never handed: {sorted(due)}"
+    got = [results[len(batch) + i] for i in range(len(late))]
+    assert [r.model_dump()["results"] for r in got] == [r.model_dump()["results"] for r in alone]
+    passes = log.passes()
+    batch_passes = [p["gpu_end"] - p["gpu_start"] for p in passes if not p["lane"]]
+    assert sum(p["lane"] for p in passes) >= len(late) // 2, "the calls did not run on the lane's stream"
+    median = statistics.median(batch_passes)
+    waits = [told[i] - handed[i] for i in handed]
+    assert max(waits) < median, f"answers took {[round(w, 3) for w in waits]} s; median batch pass {median:.3f} s"
