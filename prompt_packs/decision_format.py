@@ -123,6 +123,13 @@ def answers_by_value(question: ChoiceQuestion) -> bool:
     return not any(longer.startswith(shorter) for shorter, longer in zip(texts, texts[1:]))
 
 
+def _is_about_the_input(error: ValidationError) -> bool:
+    """Whether the scoring request the input became is refused for its messages (a message's
+    content, or all of them together), not for the queries the questions became."""
+    first = error.errors()[0]
+    return first["loc"][:1] in (("messages",), ("content",)) or first["msg"].startswith("Value error, messages:")
+
+
 def _limit_message(error: ValidationError, asked_as: str, fix: str) -> str:
     first = error.errors()[0]
     where = ".".join([asked_as, *(str(part) for part in first["loc"])])
@@ -150,6 +157,8 @@ def decision_request(create: DecisionCreate, workloads: dict[str, float | None])
         request = ScoringRequest(model=create.model, messages=messages(create),
                                  scoring=ScoringSpec(queries=all_queries))
     except ValidationError as error:
+        if _is_about_the_input(error):
+            raise DecisionFormatError("input", _limit_message(error, "input", "shorten the input")) from None
         raise DecisionFormatError("questions", _limit_message(
             error, "scoring", "ask fewer questions, choices or orderings per request")) from None
     return DecisionPlan(request, ids, orders)

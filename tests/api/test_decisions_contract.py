@@ -67,6 +67,20 @@ def test_requests_past_a_limit_once_asked_are_422s_naming_the_question(client):
     assert int(client.app.state.redis.get(queues.QUEUED_ROWS_KEY) or 0) == 0  # nothing queued
 
 
+def test_an_input_over_the_content_limit_once_asked_is_a_422_naming_the_input(client):
+    """Each message under the limit on its own, the input as a whole over it: the fix is the
+    input's, not the questions'."""
+    half = 131_073  # two of these pass 262,144 characters
+    for value in ([{"role": "user", "content": "x" * half}, {"role": "user", "content": "y" * half}],
+                  [{"role": "user", "content": [{"type": "input_text", "text": "x" * half},
+                                                {"type": "input_text", "text": "y" * half}]}]):
+        response = _post(client, [PREDICATE], input=value)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["param"] == "input" and "262144" in error["message"] and "shorten the input" in error["message"], error
+    assert int(client.app.state.redis.get(queues.QUEUED_ROWS_KEY) or 0) == 0  # nothing queued
+
+
 @pytest.mark.parametrize(("questions", "fields", "param", "said"), [
     ([PREDICATE] * 401, {}, "questions", "400"),
     ([_choice(256)], {}, "questions.0.choices", "255"),
