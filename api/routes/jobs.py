@@ -217,7 +217,14 @@ def _dataset_rows(r, s3, settings: Settings, job_id: str, access: S3Access, outp
 
     try:
         first = read(written[0]) if written else b""
-    except (ClientError, BotoCoreError) as error:
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):  # retrying will not help
+            uri = datasets.results_uri(output, written[0])
+            raise ApiError(410, f"job {job_id}'s results object {uri} is no longer in its output (deleted or"
+                                " moved after the job wrote it); its rows cannot be returned") from None
+        raise ApiError(503, f"the results cannot be read from S3 now ({error}); try again",
+                       headers={"Retry-After": str(settings.retry_after_s)}) from None
+    except BotoCoreError as error:
         raise ApiError(503, f"the results cannot be read from S3 now ({error}); try again",
                        headers={"Retry-After": str(settings.retry_after_s)}) from None
     return itertools.chain([first], (read(index) for index in written[1:]))

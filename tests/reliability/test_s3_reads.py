@@ -72,6 +72,20 @@ def test_results_and_reports_are_read_back_only_inside_the_jobs_output(make_sett
             calibrate_finished_job(r, s3, job_id, records.load_job(r, job_id))
 
 
+def test_results_deleted_from_the_output_are_a_410_naming_the_object(make_settings, s3_server, s3_bucket, bearer):
+    """Retrying cannot bring back an object someone deleted: a 410 that says so, not a 503."""
+    settings = make_settings(s3_bucket=s3_bucket, default_model="m", chunk_num_rows=10)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as api:
+        alice = bearer("alice")
+        job_id = _finished_dataset_job(api, settings, s3_bucket, alice)
+        s3 = make_client(settings)
+        [key] = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="out/results/")["Contents"]]
+        s3.delete_object(Bucket=s3_bucket, Key=key)
+        gone = api.get(f"/v1/jobs/{job_id}/results", headers=alice)
+        assert gone.status_code == 410, gone.text
+        assert f"s3://{s3_bucket}/{key}" in gone.json()["error"]["message"] and "retry-after" not in gone.headers
+
+
 def test_an_s3_call_failing_on_a_route_is_a_503_with_retry_after(weed_factory, make_settings, bearer):
     weed = weed_factory()
     weed.server.client().create_bucket(Bucket="files")
