@@ -2,7 +2,8 @@
 # One call on the GPU machine (through the device tool): install the carried wheels, then run
 # the stages named in $@ (tests, kernels, flex, gatedact, throughput:<model>:<workload>[:extra args],
 # parity:<model>, worker:<model>:<workload>[:extra args] and service:<model>:<workload>[:extra args]:
-# these two also need the .whl-worker wheels).
+# these two and tests also need the .whl-worker wheels). Tokenizers come as .tok/ or, smaller, as
+# .tokgz/<name>.tgz (unpacked into .tok/ here).
 # Each script writes its result into benchmarks/results/ under the name of what it measures
 # (benchmarks/result_files.py), with $COMMIT inside (the copy there has no .git); this run's
 # new result files and the logs come back in $OUT/run.tgz. See docs/performance.md.
@@ -12,6 +13,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false COMMIT=${COMMIT:-unknown}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+for archive in .tokgz/*.tgz; do [ -e "$archive" ] && { mkdir -p .tok && tar xzf "$archive" -C .tok; }; done  # tokenizers carried gzipped
 export PYTHONPATH=/tmp/site:$PWD
 FINAL=${OUT:-/tmp/out}; OUT=/tmp/run; mkdir -p "$OUT/results" "$FINAL"  # everything is tarred into $FINAL/run.tgz (8-file limit)
 touch /tmp/run.start  # result files newer than this are this run's
@@ -22,7 +24,9 @@ for stage in "$@"; do
   IFS=: read -r kind model workload extra <<<"$stage"
   echo "=== $stage ($(date +%T))"
   case $kind in
-    tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine 2>&1 | tee "$OUT/results/gpu-tests.log" | tail -30 ;;
+    tests) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-worker/*.whl || exit 1  # redis: tests/conftest.py
+      { echo "commit $COMMIT, $(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader): python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine --tb=short"
+        python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine --tb=short 2>&1 | grep -v Warning | tail -40; } | tee "$OUT/results/gpu-tests.log" | tail -30 ;;
     kernels) python3 benchmarks/kernel_bench.py 2>&1 | tee "$OUT/kernels-$num.log" | tail -50 ;;
     flex) python3 benchmarks/flex_options.py --variants tma --probe-mask-cost 2>&1 | grep -v Warning | tail -20 ;;
     gatedact) python3 benchmarks/gated_act_options.py 2>&1 | grep -v Warning | tail -20 ;;
