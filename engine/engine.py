@@ -55,12 +55,11 @@ from engine.pipeline.packer import (
 from engine.pipeline.prompts import PromptError, PromptRenderer
 from engine.pipeline.responses import ResponseBuilder
 from engine.pipeline.runner import ModelRunner
-from engine.pipeline.sync_lane import SyncLane
+from engine.pipeline.sync_lane import LaneIntake, SyncLane
 from engine.pipeline.stages import (
     BatchOutput,
     CompiledRequest,
     FloorKey,
-    PackedBatch,
     RequestError,
     TokenTree,
     TreeOwner,
@@ -266,11 +265,12 @@ class Engine:
         builder = self._response_builder(compiled, on_result)
         pack = partial(pack_trees, mask_fn=self.mask_fn, dense_masks=self.dense_masks)
         extraction = Extraction(self.slot_vocab, self.beam, partial(self._slot_floor_prompt, compiled), pack)
-        lane = None
+        lane = intake = None
         if arrivals is not None and self.uses_sync_lane:
-            lane = SyncLane(partial(self._lane_batches, builder, arrivals, pack), self.runner.launch, self.runner.device)
-            arrivals = None  # the lane takes them
-        batches = pack(self._trees(builder, arrivals, refill), self.config.max_num_batched_tokens,
+            intake = LaneIntake(builder, arrivals, pack, self._floor_trees, self.config.max_num_batched_tokens)
+            lane = SyncLane(intake.batches, self.runner.launch, self.runner.device, intake.leftover)
+            arrivals = None  # the lane takes them (one too large for it joins the batch's passes)
+        batches = pack(self._trees(builder, arrivals, refill, intake), self.config.max_num_batched_tokens,
                        first_max_num_tokens=self.first_pass_tokens)
         clock = self.launch_clock if lane is None and (arrivals is not None or refill is not None) else None
         for batch, output in self.runner.run_all(batches, while_waiting, clock, lane):
@@ -285,22 +285,6 @@ class Engine:
         """Whether arrivals ride passes of their own beside the batch's (`config.sync_lane`)."""
         lane = self.config.sync_lane
         return self.runner.device.type == "cuda" if lane is None else lane
-
-    def _lane_batches(self, builder: ResponseBuilder, arrivals: Callable[[], list[CompiledRequest | RequestError]],
-                      pack) -> list[PackedBatch]:
-        """The arrivals since the last look, admitted (their indices next) and packed on their
-        own: the floors nobody asked for yet, then their trees."""
-        arrived = arrivals()
-        if not arrived:
-            return []
-        first = len(builder.compiled)
-        trees = list(self._floor_trees(builder.admit(arrived)))
-        budget = self.config.max_num_batched_tokens
-        for index in range(first, len(builder.compiled)):
-            request = builder.compiled[index]
-            if isinstance(request, CompiledRequest):
-                trees += [(TreeOwner(index), tree) for tree in split_tree(request.tree, budget)]
-        return list(pack(iter(trees), budget))
 
     def _response_builder(self, compiled: list[CompiledRequest | RequestError], on_result=None) -> ResponseBuilder:
         """What the responses need of this engine: its floor cache, name, fingerprint, tokenizer."""
@@ -331,15 +315,18 @@ class Engine:
 
     def _trees(
         self, builder: ResponseBuilder, arrivals: Callable[[], list[CompiledRequest | RequestError]] | None = None,
-        refill: Callable[[], list[CompiledRequest | RequestError]] | None = None,
+        refill: Callable[[], list[CompiledRequest | RequestError]] | None = None, intake: LaneIntake | None = None,
     ) -> Iterator[tuple[TreeOwner, TokenTree]]:
         """Floors first (small; every request waits for its floors), then each request's tree;
-        before each request, what `arrivals` brings: its floors, then its trees, ahead of the rest;
-        when none is left, what `refill` brings, the same way."""
+        before each request, what `arrivals` brings (or the sync lane left for these passes):
+        its floors, then its trees, ahead of the rest; when none is left, what `refill` brings,
+        the same way."""
         yield from self._floor_trees(builder.missing_floors())
         budget = self.config.max_num_batched_tokens
         waiting = deque(range(len(builder.compiled)))
         while True:
+            if intake is not None:
+                waiting.extendleft(reversed(intake.take_overflow()))
             if arrivals is not None and (arrived := arrivals()):
                 yield from self._admit(builder, arrived, waiting)
             if not waiting and refill is not None and not builder.has_slots and (more := refill()):

@@ -29,9 +29,9 @@ def _handing(engine, groups: dict[int, list]):
 
 
 def test_arrivals_run_in_passes_of_their_own_and_score_as_alone(tiny_engine):
-    engine = tiny_engine("qwen2", max_num_batched_tokens=512, sync_lane=True)
+    engine = tiny_engine("qwen2", max_num_batched_tokens=640, sync_lane=True)  # the lane's share: 160 tokens
     cases = load_cases(has_chat_template=True)
-    batch, late, later = cases[:10], cases[10:12], cases[12:14]
+    batch, late, later = cases[:10] * 2, cases[10:12], cases[12:14]
     arrivals, looks = _handing(engine, {engine.runner.num_passes + 2: late, engine.runner.num_passes + 4: later})
     told = {}
     output = engine.score_batch([engine.compile(r) for r in batch], arrivals=arrivals,
@@ -55,6 +55,39 @@ def test_an_arrival_at_the_last_look_is_served_and_none_is_taken_after(tiny_engi
     assert _bodies(output.results[2:]) == _bodies(engine.score_requests([cases[3]]).results)
     assert len(output.results) == 3
     assert looks[0] == 1, "one look while the batch's one pass ran; none once the batch had ended"
+
+
+def _long(case, words: int):
+    """The case with its last message's content made `words` words longer."""
+    body = case.model_dump(mode="json", exclude_defaults=True)
+    body["messages"][-1]["content"] += " more" * words
+    return type(case).model_validate(body)
+
+
+def test_an_arrival_too_large_for_the_lane_joins_the_batch_passes(tiny_engine):
+    engine = tiny_engine("qwen2", max_num_batched_tokens=1024, sync_lane=True)  # the lane's share: 256 tokens
+    cases = load_cases(has_chat_template=True)
+    large = _long(cases[12], 200)
+    assert engine.compile(large).num_tokens > 1024 // 4
+    batch = cases[:10] * 2
+    arrivals, _ = _handing(engine, {engine.runner.num_passes + 1: [large, cases[13]]})
+    told = {}
+    engine.score_batch([engine.compile(r) for r in batch], arrivals=arrivals,
+                       on_result=lambda i, r, ids: told.setdefault(i, (r, ids)))
+    assert _bodies([told[20][0], told[21][0]]) == _bodies(engine.score_requests([large, cases[13]]).results)
+    batch_passes = {p for i in range(len(batch)) for p in told[i][1]}
+    assert set(told[20][1]) & batch_passes, "the large arrival did not ride a batch pass"
+    assert not set(told[21][1]) & batch_passes, "the small one did not ride the lane"
+
+
+def test_a_large_arrival_the_batch_ended_before_taking_is_served_after_it(tiny_engine):
+    engine = tiny_engine("qwen2", max_num_batched_tokens=1024, sync_lane=True)
+    cases = load_cases(has_chat_template=True)
+    large = _long(cases[12], 200)
+    arrivals, looks = _handing(engine, {0: [large]})  # at the first look: the batch's one pass runs
+    output = engine.score_batch([engine.compile(r) for r in cases[:2]], arrivals=arrivals)
+    assert looks[0] == 1 and len(output.results) == 3
+    assert _bodies(output.results[2:]) == _bodies(engine.score_requests([large]).results)
 
 
 def test_an_arrival_with_a_slot_or_an_error_rides_the_lane(tiny_engine):
