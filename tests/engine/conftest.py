@@ -41,3 +41,22 @@ def tiny_engine(tiny_checkpoint):
         return made[key]
 
     return make
+
+
+@pytest.fixture
+def gemma_cut_engine():
+    """GPU: an engine over a 24-layer cut of the Gemma-3-12B architecture (random weights, the
+    real tokenizer from .tok/), pass budget 8,192 tokens, every padded pass size warmed."""
+    import sys
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.fail("needs CUDA (run through the device tool)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import random_models
+
+    engine = random_models.random_engine(random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=24),
+                                         "gemma-3-12b", 8192)
+    engine.warm_up()
+    return engine

@@ -10,32 +10,24 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
-def _engine_and_requests():
-    if not torch.cuda.is_available():
-        pytest.fail("needs CUDA (run through the device tool)")
-    import random_models
+def _requests(engine):
     from workloads import load_workload
 
     from contract.protocol import ScoringRequest
 
-    engine = random_models.random_engine(random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=24),
-                                         "gemma-3-12b", 8192)
-    engine.warm_up()
     news = load_workload("news").requests(engine.model_name, 48, 64)  # 24 articles, ~48k tokens
-    requests = [ScoringRequest.model_validate(r) for r in news * 2]  # ~12 passes of 8,192 tokens
-    return engine, requests
+    return [ScoringRequest.model_validate(r) for r in news * 2]  # ~12 passes of 8,192 tokens
 
 
 @pytest.mark.gpu
-def test_gpu_passes_are_packed_late_and_score_the_same_bits():
+def test_gpu_passes_are_packed_late_and_score_the_same_bits(gemma_cut_engine):
     from pass_log import PassLog
 
-    engine, requests = _engine_and_requests()
+    engine, requests = gemma_cut_engine, _requests(gemma_cut_engine)
     engine.config = dataclasses.replace(engine.config, sync_lane=False)  # arrivals packed into the batch's passes
     compiled = [engine.compile(r) for r in requests]
     at_once = engine.score_batch(compiled)

@@ -11,24 +11,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 @pytest.mark.gpu
-def test_gpu_arrivals_are_answered_within_a_batch_pass_with_their_own_bits():
-    if not torch.cuda.is_available():
-        pytest.fail("needs CUDA (run through the device tool)")
-    import random_models
+def test_gpu_arrivals_are_answered_within_a_batch_pass_with_their_own_bits(gemma_cut_engine):
     from pass_log import PassLog
     from workloads import load_workload
 
     from contract.protocol import ScoringRequest
 
-    engine = random_models.random_engine(random_models.make_hf_model("gemma-3-12b", torch.bfloat16, num_layers=24),
-                                         "gemma-3-12b", 8192)
-    engine.warm_up()
+    engine = gemma_cut_engine
     assert engine.uses_sync_lane
     news = load_workload("news")
     batch = [ScoringRequest.model_validate(r) for r in news.requests(engine.model_name, 24, 64)] * 2  # ~12 passes
