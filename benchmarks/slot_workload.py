@@ -7,6 +7,8 @@ The engine reads the slots' prompts in the same packed passes as the option quer
 decodes them in later passes; `slot_token_share` turns the responses' usage into the cost
 of the slots in scoring-token equivalents (tokens fed to the model for slots, per token
 read for the option queries). Time the two phases apart with the runner's `run` / `decode`.
+`run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
+of them and each kind alone (search, generate).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.workloads import FIXTURES
+from contract.protocol import ScoringRequest
 
 
 def load_slot_queries(name: str, num_slots: int | None = None) -> list[dict]:
@@ -31,3 +34,54 @@ def slot_token_share(responses) -> dict[str, float]:
     read = sum(r.usage.content_tokens + r.usage.question_tokens + r.usage.option_tokens for r in responses)
     decoded = sum(r.usage.slot_tokens for r in responses)
     return {"read_tokens": read, "slot_tokens": decoded, "slot_tokens_per_read_token": decoded / max(1, read)}
+
+
+def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num_questions: int, params: int, peak: float) -> dict:
+    """spinf_bf16 on the same requests with extraction slots added: the slots' cost in
+    scoring-token equivalents = extra seconds x spinf_bf16's tokens/s (what the same time
+    would have scored), also per slot answer, and per kind of slot (`by_kind`). `run_spinf`
+    and `system_row` are benchmarks/throughput.py's."""
+    slot_queries = load_slot_queries(args.workload, args.slots)
+    plain = workload.requests(engine.model_name, args.num_texts)
+    requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, slot_queries)]
+    engine.slot_vocab()  # built once per engine, on the first slot: not tokenization time
+    stats, results, _ = run_spinf(engine, requests, args.repeats)
+    row = system_row(stats, num_questions, params, peak, **slot_token_share(results))
+    extra_seconds = stats["seconds"] - bf16_row["seconds"]
+    num_slot_answers = len(requests) * len(slot_queries)
+    row |= {"num_slot_queries": len(slot_queries), "slot_answers": num_slot_answers,
+            "slot_extra_seconds": extra_seconds,
+            "slot_scoring_token_equivalents": extra_seconds * bf16_row["tokens_per_s"],
+            "slot_scoring_token_equivalents_per_answer": extra_seconds * bf16_row["tokens_per_s"] / num_slot_answers,
+            "mean_answers_per_slot": sum(len(q.combinations[0].answers or []) for r in results for q in r.results
+                                         if q.combinations[0].answers is not None) / num_slot_answers}
+    row["by_kind"] = {kind: slot_kind_row(run_spinf, engine, plain, chosen, args.repeats, bf16_row)
+                      for kind, chosen in slot_kinds(slot_queries).items()}
+    return row
+
+
+def slot_kinds(slot_queries: list[dict]) -> dict[str, list[dict]]:
+    """The slot queries by kind: `search` (the answers a beam finds) and `generate` (one text
+    written token by token), each kind present."""
+    kinds: dict[str, list[dict]] = {}
+    for query in slot_queries:
+        kinds.setdefault("generate" if query.get("mode") == "generate" else "search", []).append(query)
+    return kinds
+
+
+def slot_kind_row(run_spinf, engine, plain: list[dict], chosen: list[dict], repeats: int, bf16_row: dict) -> dict:
+    """spinf_bf16 with only this kind's slots added: its extra seconds in scoring-token
+    equivalents per answer, the decoding rows per answer and the tokens of the answers written
+    (the top answer's, through the engine's tokenizer)."""
+    requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, chosen)]
+    stats, results, _ = run_spinf(engine, requests, repeats)
+    ids = {query["id"] for query in chosen}
+    answers = [q.combinations[0].answers or [] for r in results for q in r.results if q.id in ids]
+    written = [len(engine.tokenizer(a[0].text, add_special_tokens=False)["input_ids"]) for a in answers if a]
+    extra = stats["seconds"] - bf16_row["seconds"]
+    num_answers = len(requests) * len(chosen)
+    return {"slot_ids": sorted(ids), "slot_answers": num_answers, "seconds": stats["seconds"], "slot_extra_seconds": extra,
+            "slot_scoring_token_equivalents_per_answer": extra * bf16_row["tokens_per_s"] / num_answers,
+            "decoding_rows_per_answer": sum(r.usage.slot_tokens for r in results) / num_answers,
+            "tokens_written_per_answer": sum(written) / max(1, len(written)),
+            "empty_answers": num_answers - len(written)}

@@ -43,7 +43,7 @@ import result_files  # noqa: E402
 from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
 from result_files import git_commit, result_path  # noqa: E402
-from slot_workload import load_slot_queries, slot_token_share, with_slots  # noqa: E402
+from slot_workload import run_slots  # noqa: E402
 from throughput_report import speedups, write_result  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -261,7 +261,7 @@ def main() -> None:
     if args.profile:
         print(profile_pass(engine, compiled, result, "spinf_bf16"), flush=True)
     if args.slots:
-        systems["spinf_bf16_slots"] = run_slots(engine, workload, args, systems["spinf_bf16"], num_questions, params,
+        systems["spinf_bf16_slots"] = run_slots(run_spinf, system_row, engine, workload, args, systems["spinf_bf16"], num_questions, params,
                                                 peak_bf16)
         print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
         write_result(result, final=False)
@@ -354,27 +354,6 @@ def run_fp8(result: dict, hf, tokenizer, requests, bf16_results, args, params: i
         print(profile_pass(engine8, compiled8, result, "spinf_fp8"), flush=True)
     result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
     print("spinf_fp8", _brief(row), result["fp8_vs_bf16_drift"], flush=True)
-
-
-def run_slots(engine, workload, args, bf16_row: dict, num_questions: int, params: int, peak: float) -> dict:
-    """spinf_bf16 on the same requests with extraction slots added: the slots' cost in
-    scoring-token equivalents = extra seconds x spinf_bf16's tokens/s (what the same time
-    would have scored), also per slot answer."""
-    slot_queries = load_slot_queries(args.workload, args.slots)
-    plain = workload.requests(engine.model_name, args.num_texts)
-    requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, slot_queries)]
-    engine.slot_vocab()  # built once per engine, on the first slot: not tokenization time
-    stats, results, _ = run_spinf(engine, requests, args.repeats)
-    row = system_row(stats, num_questions, params, peak, **slot_token_share(results))
-    extra_seconds = stats["seconds"] - bf16_row["seconds"]
-    num_slot_answers = len(requests) * len(slot_queries)
-    row |= {"num_slot_queries": len(slot_queries), "slot_answers": num_slot_answers,
-            "slot_extra_seconds": extra_seconds,
-            "slot_scoring_token_equivalents": extra_seconds * bf16_row["tokens_per_s"],
-            "slot_scoring_token_equivalents_per_answer": extra_seconds * bf16_row["tokens_per_s"] / num_slot_answers,
-            "mean_answers_per_slot": sum(len(q.combinations[0].answers or []) for r in results for q in r.results
-                                         if q.combinations[0].answers is not None) / num_slot_answers}
-    return row
 
 
 def _brief(row: dict) -> str:

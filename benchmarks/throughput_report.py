@@ -100,6 +100,13 @@ def _host_lines(result: dict) -> list[str]:
                      f" ({row['slot_scoring_token_equivalents_per_answer']:.1f} per slot answer);"
                      f" {row['slot_tokens']} decoding rows vs {row['read_tokens']} tokens read;"
                      f" questions/s counts the option questions only")
+        for kind, part in row.get("by_kind", {}).items():
+            lines.append(f"\n- {kind} slots alone ({', '.join(part['slot_ids'])}; {part['slot_answers']} answers):"
+                         f" +{part['slot_extra_seconds']:.3f} s ="
+                         f" {part['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer;"
+                         f" {part['decoding_rows_per_answer']:.1f} decoding rows and"
+                         f" {part['tokens_written_per_answer']:.1f} tokens written per answer"
+                         f" ({part['empty_answers']} without an answer)")
     return lines
 
 
