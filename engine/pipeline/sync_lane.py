@@ -55,7 +55,6 @@ class SyncLane:
         self.leftover = leftover  # after the batch: what it left for the lane (LaneIntake.leftover)
         self.stream = torch.cuda.Stream(device, priority=HIGH_PRIORITY) if device.type == "cuda" else None
         self.in_flight: deque[_Launched] = deque()
-        self.num_passes = 0  # lane passes launched
         self._next_look = 0.0
         self._open = True
 
@@ -96,7 +95,6 @@ class SyncLane:
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
             for batch in batches:
                 self.in_flight.append(self.launch(batch))
-                self.num_passes += 1
 
     def _finished(self) -> Iterator[tuple[PackedBatch, RunnerOutput]]:
         while self.in_flight and self.in_flight[0].is_done():
