@@ -3,7 +3,8 @@
     _run(model, held jobs) -> Stream: the jobs joined (sync calls first), their rows told to
       RowProgress and each job performed as soon as its last row is scored
       --workers.tasks.score_rows: one Engine.score_batch, asked as it packs for
-        arrivals(): sync calls queued since the last look, packed into the next pass first
+        arrivals(): sync calls queued since the last look: on CUDA scored at once in the engine's
+                    sync lane beside the pass in flight; on CPU packed into the next pass first
         refill():   when no row is left to pack, the jobs the look-ahead holds ready (every
                     row compiled in the GPU waits), so the passes go on without a break
       --> each job performed (settled, ended in RQ), counted in the worker's rates, let go
@@ -71,8 +72,8 @@ class StreamRunner:
         return rows
 
     def _sync_arrivals(self, stream: Stream) -> list[tuple[RowSlot, object]]:
-        """Sync calls queued since the last look, held and compiled now: the engine packs them
-        into its next pass (Engine.score_batch's `arrivals`)."""
+        """Sync calls queued since the last look, held and compiled now: the engine scores them
+        in its sync lane, or packs them into its next pass (Engine.score_batch's `arrivals`)."""
         if self._stop.is_set():
             return []
         taken = []
