@@ -46,11 +46,16 @@ def list_dataset_keys(client, uri: S3Uri) -> list[str]:
     return keys
 
 
+def is_missing(error: ClientError) -> bool:
+    """Whether an S3 call failed because the object is not there (GET: NoSuchKey, HEAD: 404)."""
+    return error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+
 def object_exists(client, uri: S3Uri) -> bool:
     try:
         client.head_object(Bucket=uri.bucket, Key=uri.key)
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        if is_missing(error):
             return False
         raise
     return True

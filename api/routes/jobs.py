@@ -36,7 +36,7 @@ from contract.s3_uri import S3Access, S3Uri, is_allowed, parse_s3_uri
 from contract.settings import ApiKey, Settings
 from jobstore import datasets, owner_index, records
 from jobstore.lifecycle import cancel, submit_dataset, submit_inline
-from jobstore.s3 import get_bytes
+from jobstore.s3 import get_bytes, is_missing
 from jobstore.submit import new_job_id
 
 router = APIRouter(route_class=StrictJsonRoute)
@@ -161,7 +161,7 @@ def _s3_report(s3, uri: S3Uri, settings: Settings) -> bytes | None:
     try:
         return get_bytes(s3, uri)
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+        if is_missing(error):
             return None
         failure = error
     except BotoCoreError as error:
@@ -217,14 +217,11 @@ def _dataset_rows(r, s3, settings: Settings, job_id: str, access: S3Access, outp
 
     try:
         first = read(written[0]) if written else b""
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):  # retrying will not help
+    except (ClientError, BotoCoreError) as error:
+        if isinstance(error, ClientError) and is_missing(error):  # retrying will not help
             uri = datasets.results_uri(output, written[0])
             raise ApiError(410, f"job {job_id}'s results object {uri} is no longer in its output (deleted or"
                                 " moved after the job wrote it); its rows cannot be returned") from None
-        raise ApiError(503, f"the results cannot be read from S3 now ({error}); try again",
-                       headers={"Retry-After": str(settings.retry_after_s)}) from None
-    except BotoCoreError as error:
         raise ApiError(503, f"the results cannot be read from S3 now ({error}); try again",
                        headers={"Retry-After": str(settings.retry_after_s)}) from None
     return itertools.chain([first], (read(index) for index in written[1:]))

@@ -111,6 +111,7 @@ class LaneIntake:
         self.pack = pack
         self.floor_trees = floor_trees  # floor keys -> their trees (Engine._floor_trees)
         self.budget = budget  # the pass budget (max_num_batched_tokens)
+        self.lane_tokens = budget // MAX_LANE_SHARE  # the most a request may hold to ride the lane
         self.overflow: deque[int] = deque()  # admitted, too large for the lane, not taken by the batch yet
 
     def batches(self) -> list[PackedBatch]:
@@ -125,11 +126,11 @@ class LaneIntake:
             request = self.builder.compiled[index]
             if not isinstance(request, CompiledRequest):
                 continue
-            if request.num_tokens > self.budget // MAX_LANE_SHARE:
+            if request.num_tokens > self.lane_tokens:
                 self.overflow.append(index)
             else:
                 trees += self._trees_of(index, request)
-        return list(self.pack(iter(trees), self.budget // MAX_LANE_SHARE)) if trees else []
+        return list(self.pack(iter(trees), self.lane_tokens)) if trees else []
 
     def take_overflow(self) -> list[int]:
         """The large arrivals for the batch's next pass (their indices, in order of arrival)."""

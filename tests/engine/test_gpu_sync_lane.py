@@ -1,6 +1,6 @@
 """GPU: sync arrivals run in passes of their own on a high-priority stream beside the batch's
-passes (engine/pipeline/sync_lane.py): each is answered before the batch pass in flight when it
-came has been followed by another, with the bits it gets alone (a 24-layer cut of the
+passes (engine/pipeline/sync_lane.py): each is answered, from the moment it is handed in,
+within the median batch pass, with the bits it gets alone (a 24-layer cut of the
 Gemma-3-12B architecture, random weights, real tokenizer, news requests)."""
 
 from __future__ import annotations
