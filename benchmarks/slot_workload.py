@@ -57,7 +57,23 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                                          if q.combinations[0].answers is not None) / num_slot_answers}
     row["by_kind"] = {kind: slot_kind_row(run_spinf, engine, plain, chosen, args.repeats, bf16_row)
                       for kind, chosen in slot_kinds(slot_queries).items()}
+    if engine.runner.use_decode_graphs:
+        row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
     return row
+
+
+def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                     num_slot_answers: int) -> dict:
+    """The same requests with every decoding pass launched kernel by kernel (no CUDA graphs:
+    engine/pipeline/decode_graphs.py), the baseline of the graphs in the same run."""
+    engine.runner.use_decode_graphs = False
+    try:
+        stats, _, _ = run_spinf(engine, requests, repeats)
+    finally:
+        engine.runner.use_decode_graphs = True
+    extra = stats["seconds"] - bf16_row["seconds"]
+    return {"seconds": stats["seconds"], "slot_extra_seconds": extra,
+            "slot_scoring_token_equivalents_per_answer": extra * bf16_row["tokens_per_s"] / num_slot_answers}
 
 
 def slot_kinds(slot_queries: list[dict]) -> dict[str, list[dict]]:

@@ -107,6 +107,11 @@ def _host_lines(result: dict) -> list[str]:
                          f" {part['decoding_rows_per_answer']:.1f} decoding rows and"
                          f" {part['tokens_written_per_answer']:.1f} tokens written per answer"
                          f" ({part['empty_answers']} without an answer)")
+        if "eager_decode" in row:
+            eager = row["eager_decode"]
+            lines.append(f"\n- the same slots with every decoding pass launched kernel by kernel (no CUDA graphs):"
+                         f" +{eager['slot_extra_seconds']:.3f} s ="
+                         f" {eager['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
     return lines
 
 

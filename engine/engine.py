@@ -110,6 +110,7 @@ class EngineConfig:
     quantization: str = "none"  # "none" | "fp8" (Hopper) | "int8" (weights only); see quantizations/
     pack_dirs: tuple[str, ...] = ()  # prompt-pack folders loaded on top of the official packs/
     sync_lane: bool | None = None  # arrivals in passes of their own (engine/pipeline/sync_lane.py); None: on CUDA
+    decode_graphs: bool | None = None  # decoding passes replayed as CUDA graphs (engine/pipeline/decode_graphs.py); None: on CUDA
 
 
 class Engine:
@@ -126,7 +127,7 @@ class Engine:
         self.tokenizer = checkpoint.tokenizer
         self.renderer = PromptRenderer(checkpoint.tokenizer, checkpoint.has_chat_template)
         self.tokenize = Tokenize(checkpoint.tokenizer, add_special_tokens=not checkpoint.has_chat_template)
-        self.runner = ModelRunner(checkpoint.model, device)
+        self.runner = ModelRunner(checkpoint.model, device, config.decode_graphs)
         # CUDA: a small first pass, so the device starts while the CPU packs the next (full) one
         self.first_pass_tokens = FIRST_PASS_TOKENS if device.type == "cuda" else None
         self.launch_clock = LaunchClock()  # when to pack a pass that arrivals may join (CUDA)

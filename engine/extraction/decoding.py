@@ -37,13 +37,15 @@ from engine.extraction.decoder import (
 from engine.extraction.select import Candidates, RowNeed, select
 from engine.extraction.kv_cache import KVStore, SlotKV
 from engine.extraction.slots import SlotSpec, SlotVocab
-from engine.layers.decode_attention import DecodeMetadata, DecodeSpan, decode_mask
+from engine.layers.decode_attention import DecodeMetadata, DecodeSpan, decode_mask, held_span
 from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK
 from engine.pipeline.compiler import slot_branch
 from engine.pipeline.packer import PAD_TOKEN_ID, pack_trees, padded
 from engine.pipeline.runner import ModelRunner
 from engine.pipeline.stages import PackedBatch, RunnerOutput, TokenTree, TreeOwner
 from engine.pipeline.tree import build_tree
+
+HELD_ROWS_WORTH_COMPACTING = 512  # a layout of this many rows or more is packed again once half of them are held
 
 PackFn = Callable[[Iterable[tuple[TreeOwner, TokenTree]], int], Iterator[PackedBatch]]  # (items, max_num_tokens) -> passes
 
@@ -159,20 +161,58 @@ def _first_step(jobs: dict[int, SlotJob], slot_logprobs: torch.Tensor, vocab: Sl
 
 
 def _decode(jobs: list[SlotJob], runner: ModelRunner, max_num_rows: int, vocab: SlotVocab | None) -> None:
-    """Decoding passes over the jobs' kept K/V until every one is done."""
+    """Decoding passes over the jobs' kept K/V until every one is done. With decode graphs
+    (CUDA) the passes keep one layout while it is worth it: a finished slot is held in place
+    (padding rows), so each pass has the shape of the one before and replays its graph."""
     store = KVStore()  # the jobs' K/V while they are decoded
-    while True:
-        live = [job for job in jobs if not job.state.is_done]
-        if not live:
-            return
-        for group in _groups(live, max_num_rows):
-            batch = prepare_decode_batch(group, vocab, store)
-            candidates = runner.decode(batch)
-            for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
-                job.pass_ids.add(runner.num_passes)
-                _advance(job, span, candidates[span.start : span.start + span.num_real], vocab)
-                if job.state.is_done:
-                    store.release(job.kv)
+    graphs = runner.decode_graphs()  # None: each step's passes packed from the live slots alone
+    layout: list[list[SlotJob]] = []
+    try:
+        while live := [job for job in jobs if not job.state.is_done]:
+            if graphs is None or _wants_new_layout(layout, live, max_num_rows, graphs.max_rows):
+                layout = _groups(live, max_num_rows)
+                if graphs is not None:
+                    graphs.new_layout()
+                _reserve(live, store)  # every arena sized before the first pass of the layout
+            for group in layout:
+                if all(job.state.is_done for job in group):
+                    continue
+                batch = prepare_decode_batch(group, vocab, store)
+                candidates = runner.decode(batch, graphs)
+                for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
+                    if span.num_real:  # not a held (finished) slot
+                        job.pass_ids.add(runner.num_passes)
+                        _advance(job, span, candidates[span.start : span.start + span.num_real], vocab)
+                    if job.state.is_done and graphs is None:
+                        store.release(job.kv)
+    finally:
+        for job in jobs:
+            store.release(job.kv)
+
+
+def _wants_new_layout(layout: list[list[SlotJob]], live: list[SlotJob], max_num_rows: int, max_graph_rows: int) -> bool:
+    """A layout is kept until a pass would pass the budget (a slot's live rows grew) or be too
+    large to be a graph (then it is packed from the live slots at every step), or its held
+    rows outweigh its live ones and the passes are large enough for rows to cost time
+    (HELD_ROWS_WORTH_COMPACTING: below it a pass costs about its weights' read, whatever its rows)."""
+    if not layout:
+        return True
+    rows = [sum(_span_rows(job) for job in group) for group in layout]
+    if any(padded(n, ROW_CHUNK) > max_num_rows or n > max_graph_rows for n in rows):
+        return True
+    live_rows = sum(_span_rows(job) for job in live)
+    return sum(rows) >= HELD_ROWS_WORTH_COMPACTING and 2 * live_rows <= sum(rows)
+
+
+def _span_rows(job: SlotJob) -> int:
+    """The rows a job's span takes in a pass: its live hypotheses padded (held: SCORE_CHUNK)."""
+    return SCORE_CHUNK if job.state.is_done else padded(len(job.state.live), SCORE_CHUNK)
+
+
+def _reserve(jobs: list[SlotJob], store: KVStore) -> None:
+    """Room in `store` for each live job's next rows (a job enters an arena with its decoder's headroom)."""
+    store.reserve([job.kv for job in jobs], [_span_rows(job) for job in jobs],
+                  [job.decoder.max_rows(job.spec) for job in jobs])
 
 
 def _advance(job: SlotJob, span: DecodeSpan, candidates: list[Candidates], vocab: SlotVocab) -> None:
@@ -189,7 +229,7 @@ def _groups(jobs: list[SlotJob], max_num_rows: int) -> list[list[SlotJob]]:
     groups: list[list[SlotJob]] = [[]]
     used = 0
     for job in jobs:
-        size = padded(len(job.state.live), SCORE_CHUNK)
+        size = _span_rows(job)
         if groups[-1] and padded(used + size, ROW_CHUNK) > max_num_rows:
             groups.append([])
             used = 0
@@ -199,12 +239,13 @@ def _groups(jobs: list[SlotJob], max_num_rows: int) -> list[list[SlotJob]]:
 
 
 def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore) -> DecodeBatch:
-    """The jobs' next rows; each job's K/V gets room for them in `store` first."""
-    store.reserve([job.kv for job in jobs], [padded(len(job.state.live), SCORE_CHUNK) for job in jobs],
-                  [job.decoder.max_rows(job.spec) for job in jobs])
+    """The jobs' next rows; each live job's K/V gets room for them in `store` first (a finished
+    job in the list is held in place: padding rows in its arena entry)."""
+    _reserve([job for job in jobs if not job.state.is_done], store)
     spans, input_ids, positions = decode_rows(jobs)
     needs = [need for job, span in zip(jobs, spans, strict=True)
-             for need in job.decoder.needs(job.state, vocab) + [None] * (span.num_rows - span.num_real)]
+             for need in (job.decoder.needs(job.state, vocab) if span.num_real else [])
+             + [None] * (span.num_rows - span.num_real)]
     return DecodeBatch(
         jobs=jobs, input_ids=input_ids, positions=positions, decode=DecodeMetadata(spans),
         scored_index=torch.arange(len(needs)), needs=needs, vocab=vocab,
@@ -213,19 +254,26 @@ def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore) 
 
 def decode_rows(jobs: list[SlotJob]) -> tuple[list[DecodeSpan], torch.Tensor, torch.Tensor]:
     """Each job's live hypotheses as the next rows (its last token at its next position), a span
-    of SCORE_CHUNK-padded rows per job -> (spans, input ids [T], positions [T]), T padded to ROW_CHUNK."""
+    of SCORE_CHUNK-padded rows per job (a finished job: a held span of padding) -> (spans,
+    input ids [T], positions [T]), T padded to ROW_CHUNK."""
     input_ids: list[int] = []
     positions: list[int] = []
     spans: list[DecodeSpan] = []
     for job in jobs:
+        start, num_rows = len(input_ids), _span_rows(job)
+        if job.state.is_done:
+            spans.append(held_span(start, num_rows, job.kv))
+            input_ids += [PAD_TOKEN_ID] * num_rows
+            positions += [0] * num_rows
+            continue
         live = job.state.live
-        start, num_rows = len(input_ids), padded(len(live), SCORE_CHUNK)
         num_pad = num_rows - len(live)
         new_positions = [job.num_prompt_tokens + len(hyp.ids) - 1 for hyp in live] + [0] * num_pad
         input_ids += [hyp.ids[-1] for hyp in live] + [PAD_TOKEN_ID] * num_pad
         positions += new_positions
         mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
-        spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, torch.tensor(new_positions, dtype=torch.long)))
+        spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, torch.tensor(new_positions, dtype=torch.long),
+                                job.kv.num_rows))
     num_pad = padded(len(input_ids), ROW_CHUNK) - len(input_ids)
     return (spans, torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
             torch.tensor(positions + [0] * num_pad, dtype=torch.long))

@@ -1,8 +1,9 @@
 """Attention of a decoding pass: new rows against the K/V a slot kept from the read.
 
-    DecodeSpan per slot (its live hypotheses' new tokens, its SlotKV in an arena)
+    DecodeSpan per slot (its live hypotheses' new tokens, its SlotKV in an arena; or a finished
+        slot held in place, whose padding rows only see themselves)
         --group_spans--> DecodeGroup per (arena, rows per slot): host index tensors and masks,
-        built once per pass
+        built once per pass (a CUDA graph's replay copies them into its own: decode_graphs.py)
     decode_attention, per layer and group: the new rows' K/V are written into their slots'
         entries in place, then ONE SDPA over the group's entries [B, Hkv, C, d]
 
@@ -30,8 +31,9 @@ class DecodeSpan:
     num_rows: int  # rows of this slot, padded to SCORE_CHUNK
     num_real: int  # live hypotheses (rows past them are padding)
     kv: SlotKV  # in its arena, with room for num_rows more rows
-    mask: torch.Tensor  # [num_rows, L + num_rows] bool over (slot rows so far, then the new rows)
+    mask: torch.Tensor  # [num_rows, first_new_row + num_rows] bool over (the entry's rows before the new ones, the new)
     positions: torch.Tensor  # [num_rows] long positions of the new rows
+    first_new_row: int  # where the new rows' K/V go in its entry: kv.num_rows (held: capacity - num_rows)
 
 
 @dataclass(slots=True)
@@ -59,18 +61,35 @@ class DecodeGroup:
                                      (self.query_rows, self.rows, self.write_rows, self.out_rows))
         return self._on[device]
 
+    def host_indices(self) -> tuple[torch.Tensor, ...]:
+        return self.query_rows, self.rows, self.write_rows, self.out_rows
+
     def attention_mask(self, sliding_window: int | None, device: torch.device, num_groups: int) -> torch.Tensor:
-        """[B, 1, G * n, C]: `mask` narrowed to keys less than `sliding_window` positions back,
-        repeated for the G query heads folded into each kv head; made once per pass."""
+        """`host_mask` on `device`, made once per pass."""
         key = (sliding_window, device, num_groups)
         if key not in self._on:
-            mask = self.mask
-            if sliding_window is not None:
-                mask = mask & (self.positions[:, :, None] - self.key_positions[:, None, :] < sliding_window)
-            b, n, c = mask.shape
-            mask = mask[:, None, None].expand(b, 1, num_groups, n, c).reshape(b, 1, num_groups * n, c)
-            self._on[key] = to_device(mask, device)
+            self._on[key] = to_device(self.host_mask(sliding_window, num_groups), device)
         return self._on[key]
+
+    def host_mask(self, sliding_window: int | None, num_groups: int) -> torch.Tensor:
+        """[B, 1, G * n, C]: `mask` narrowed to keys less than `sliding_window` positions back,
+        repeated for the G query heads folded into each kv head."""
+        mask = self.mask
+        if sliding_window is not None:
+            mask = mask & (self.positions[:, :, None] - self.key_positions[:, None, :] < sliding_window)
+        b, n, c = mask.shape
+        return mask[:, None, None].expand(b, 1, num_groups, n, c).reshape(b, 1, num_groups * n, c)
+
+    def mask_keys(self) -> list[tuple[int | None, torch.device, int]]:
+        """The (sliding_window, device, G) of every mask this pass's attention asked for."""
+        return [key for key in self._on if isinstance(key, tuple)]
+
+    def shape(self) -> tuple:
+        """What a CUDA graph of a pass bakes in for this group: the arena's tensors (by address:
+        an arena that grew has new ones), the entries attended and the index lengths."""
+        arena = self.arena
+        return (id(arena), arena.keys[0].data_ptr(), arena.values[0].data_ptr(), arena.capacity, self.first_entry,
+                self.num_entries, self.num_rows, self.rows.shape[0])
 
 
 @dataclass(slots=True)
@@ -102,15 +121,16 @@ def _group(spans: list[DecodeSpan]) -> DecodeGroup:
     key_positions = torch.zeros(num_entries, capacity, dtype=torch.long)
     rows, write_rows, out_rows = [], [], []
     for span in spans:
-        entry, num_kept = span.kv.entry - first, span.kv.num_rows
+        entry, first_new = span.kv.entry - first, span.first_new_row
         new = torch.arange(n)
         query_rows[entry] = span.start + new
         mask[entry] = False
-        mask[entry, :, : num_kept + n] = span.mask
+        mask[entry, :, : first_new + n] = span.mask
         positions[entry] = span.positions
-        key_positions[entry, : num_kept + n] = torch.cat((span.kv.positions, span.positions))
+        if span.num_real:  # a held span's rows see only themselves: key positions stay 0, as theirs
+            key_positions[entry, : first_new + n] = torch.cat((span.kv.positions, span.positions))
         rows.append(span.start + new)
-        write_rows.append(span.kv.entry * capacity + num_kept + new)
+        write_rows.append(span.kv.entry * capacity + first_new + new)
         out_rows.append(entry * n + new)
     return DecodeGroup(arena, first, num_entries, n, query_rows.flatten(), torch.cat(rows), torch.cat(write_rows),
                        torch.cat(out_rows), mask, positions, key_positions)
@@ -169,3 +189,14 @@ def decode_mask(kv: SlotKV, hypothesis_rows: list[list[int]], num_rows: int) -> 
     index = torch.arange(num_rows)
     mask[index, num_kept + index] = True
     return mask
+
+
+def held_span(start: int, num_rows: int, kv: SlotKV) -> DecodeSpan:
+    """A finished slot kept in its pass's layout (so the pass keeps its shape, decode_graphs.py):
+    padding rows at `start` that write the last rows of its arena entry and see only
+    themselves. The slot's K/V is no longer read."""
+    first_new = kv.arena.capacity - num_rows
+    mask = torch.zeros(num_rows, first_new + num_rows, dtype=torch.bool)
+    index = torch.arange(num_rows)
+    mask[index, first_new + index] = True
+    return DecodeSpan(start, num_rows, 0, kv, mask, torch.zeros(num_rows, dtype=torch.long), first_new)

@@ -12,6 +12,7 @@ of their prompts (kept for decoding); `decode` runs a decoding pass over that K/
 
     DecodeBatch (engine/extraction/decoding.py) --model--> logits [S, V] --log-softmax--> [S, V]
         --select.select (on the device)--> each row's top k+1 candidates and END mass
+    (on CUDA a pass with the shape of one before it is a graph's replay: decode_graphs.py)
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 
 from engine.kernels.logprobs import option_logprobs, row_logsumexp
 from engine.layers.attention import AttentionMetadata
+from engine.layers.decode_attention import DecodeMetadata
 from engine.layers.ops import SCORE_CHUNK, to_device
+from engine.pipeline.decode_graphs import DecodeGraphs
 from engine.pipeline.launch_clock import LaunchClock
 from engine.pipeline.stages import PackedBatch, RunnerOutput
 from engine.pipeline.sync_lane import SyncLane
@@ -77,10 +80,12 @@ def _record_event(device: torch.device) -> torch.cuda.Event | None:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, device: torch.device, use_decode_graphs: bool | None = None) -> None:
         self.model = model
         self.device = device
         self.num_passes = 0
+        # decoding runs keep their passes' shapes and replay them as CUDA graphs (None: on CUDA)
+        self.use_decode_graphs = device.type == "cuda" if use_decode_graphs is None else use_decode_graphs
 
     def run_all(
         self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None,
@@ -151,20 +156,33 @@ class ModelRunner:
             output.slot_kv = batch.attention.capture.split()
         return _Launched(batch, output, _record_event(self.device), started)
 
+    def decode_graphs(self) -> DecodeGraphs | None:
+        """A decoding run's graphs (engine/pipeline/decode_graphs.py), when `use_decode_graphs`:
+        captured on CUDA; on CPU none are captured, but the run still holds finished slots."""
+        if not self.use_decode_graphs:
+            return None
+        return DecodeGraphs(self.device, capture=self.device.type == "cuda")
+
     @torch.inference_mode()
-    def decode(self, batch: DecodeBatch) -> list[Candidates | None]:
+    def decode(self, batch: DecodeBatch, graphs: DecodeGraphs | None = None) -> list[Candidates | None]:
         """One decoding pass (engine/extraction/decoding.py) -> per scored row, the Candidates
         its hypothesis asked for (None for padding). The log-softmax ([S, V], row by row as in
         `chunked_log_softmax`), the masks and the top-k stay on the device: only [S, k]
-        log-probs and ids, END masses and sampled rows reach the host (engine/extraction/select.py)."""
-        logits = self.model(
-            to_device(batch.input_ids, self.device),
-            to_device(batch.positions, self.device),
-            AttentionMetadata(spans=[], decode=batch.decode),
-            to_device(batch.scored_index, self.device),
-        )  # [S, V] float32
+        log-probs and ids, END masses and sampled rows reach the host (engine/extraction/select.py).
+        With `graphs`, a pass of a shape seen before is a CUDA graph's replay."""
+        if graphs is None:
+            logprobs = self._decode_logprobs(to_device(batch.input_ids, self.device), to_device(batch.positions, self.device),
+                                             batch.decode, to_device(batch.scored_index, self.device))
+        else:
+            logprobs = graphs.logprobs(batch, self._decode_logprobs)
         self.num_passes += 1
-        return batch.select(chunked_log_softmax(logits, out=logits))  # in place: no second [S, V]
+        return batch.select(logprobs)
+
+    def _decode_logprobs(self, input_ids: torch.Tensor, positions: torch.Tensor, decode: DecodeMetadata,
+                         scored_index: torch.Tensor) -> torch.Tensor:
+        """Device inputs of a decoding pass -> [S, V] float32 log-probs (no host sync: a CUDA graph captures it)."""
+        logits = self.model(input_ids, positions, AttentionMetadata(spans=[], decode=decode), scored_index)  # [S, V]
+        return chunked_log_softmax(logits, out=logits)  # in place: no second [S, V]
 
     def prepare_attention(self, meta: AttentionMetadata) -> AttentionMetadata:
         """CPU: the span masks as they are. CUDA: a flex_attention block mask built from them."""

@@ -60,9 +60,9 @@ def test_slots_read_once_with_the_options_then_decode_over_kept_kv(tiny_engine):
     decoded_rows = []
     decode = engine.runner.decode
 
-    def recording_decode(batch):  # the real decode, with the size of every pass noted
+    def recording_decode(batch, graphs=None):  # the real decode, with the size of every pass noted
         decoded_rows.append(int(batch.input_ids.shape[0]))
-        return decode(batch)
+        return decode(batch, graphs)
 
     engine.runner.decode = recording_decode
     try:

@@ -66,6 +66,35 @@ def test_slot_answers_alone_vs_batched_are_bit_identical(tiny_engine, monkeypatc
     assert max(groups for _, groups in calls) >= 2, "every slot landed in one arena: lengths too alike"
 
 
+@pytest.mark.parametrize("family,budget", [("qwen3", None), ("gemma3_text", 128)])
+def test_held_layout_gives_the_bits_of_the_compact_one(tiny_engine, monkeypatch, family, budget):
+    """With decode graphs on (on CPU none is captured) a slot that finished stays in its pass as
+    padding rows writing its entry's tail, so the passes keep one shape: every answer, p,
+    residual and floor is bit-identical to decoding the live slots alone, and shapes repeat."""
+    import engine.pipeline.decode_graphs as graphs_module
+
+    config = {} if budget is None else {"max_num_batched_tokens": budget}
+    requests = _others()[:3] + [_request(TARGET, QUERIES)] + _others()[3:]
+    compact = [r.model_dump() for r in tiny_engine(family, **config).score_requests(requests).results]
+    held_engine = tiny_engine(family, decode_graphs=True, **config)
+    assert held_engine.runner.decode_graphs().capture is False
+    shapes, held = [], []
+    logprobs = graphs_module.DecodeGraphs.logprobs
+
+    def noting(self, batch, forward):
+        shapes.append(graphs_module.pass_shape(batch))
+        held.append(sum(span.num_real == 0 for span in batch.decode.spans))
+        return logprobs(self, batch, forward)
+
+    monkeypatch.setattr(graphs_module.DecodeGraphs, "logprobs", noting)
+    results = [r.model_dump() for r in held_engine.score_requests(requests).results]
+    for response in results + compact:  # the other engine may have cached a floor
+        response["usage"] = response["usage"]["slot_tokens"]  # a held slot's padding rows are not its tokens
+    assert results == compact
+    assert max(held) > 0, "no finished slot was held"
+    assert len(shapes) - len(set(shapes)) >= len(shapes) // 2, "passes seldom had a shape seen before"
+
+
 def test_capacity_depends_only_on_the_rows_and_bounds_the_padding():
     capacities = [capacity_for(n) for n in range(1, 5000)]
     assert capacities[:64] == [64] * 64
@@ -107,7 +136,8 @@ def _attend(store, slots: list, num_real: list[int], step: int, window: int | No
     for index, (kv, real) in enumerate(zip(slots, num_real)):
         own = [list(range(kv.num_prompt_rows, kv.num_rows))] * real  # each row: every decoded row so far
         positions = torch.full((8,), kv.num_rows)
-        spans.append(decode_module.DecodeSpan(8 * index, 8, real, kv, decode_module.decode_mask(kv, own, 8), positions))
+        spans.append(decode_module.DecodeSpan(8 * index, 8, real, kv, decode_module.decode_mask(kv, own, 8), positions,
+                                              kv.num_rows))
     meta = decode_module.DecodeMetadata(spans)
     blocks = [_rows(1000 * step + kv.num_prompt_rows) for kv in slots]
     q, k, v = (torch.cat([b[i] for b in blocks] + [torch.zeros(8, *blocks[0][i].shape[1:])]) for i in range(3))

@@ -78,3 +78,23 @@ def test_gpu_batched_decode_attention_shares_sdpa_and_never_syncs(monkeypatch):
     assert _slots(alone) == _slots(packed[2])
     assert calls and all(groups <= slots for slots, groups in calls)
     assert sum(groups for _, groups in calls) * 4 <= sum(slots for slots, _ in calls), calls
+
+
+@pytest.mark.gpu
+def test_gpu_decode_graph_replays_give_the_eager_bits(monkeypatch):
+    """Decoding passes replayed as CUDA graphs (engine/pipeline/decode_graphs.py) give every
+    slot answer, p and residual bit-identical to the same passes launched eagerly, and most
+    passes of the run are replays."""
+    from engine.pipeline.runner import ModelRunner
+
+    engine, requests = _news_slots(num_layers=6, num_slots=5)
+    engine.runner.use_decode_graphs = False
+    eager = [_slots(r) for r in engine.score_requests(requests).results]
+    engine.runner.use_decode_graphs = True
+    made, decode_graphs = [], ModelRunner.decode_graphs
+    monkeypatch.setattr(ModelRunner, "decode_graphs", lambda self: made.append(decode_graphs(self)) or made[-1])
+    graphed = [_slots(r) for r in engine.score_requests(requests).results]
+    assert graphed == eager
+    [graphs] = made  # one decoding run (no floors asked)
+    assert (graphs.num_eager, graphs.num_captured) == (1, 1), graphs  # one shape: the first pass eager, then captured
+    assert graphs.num_replayed >= 8, graphs
