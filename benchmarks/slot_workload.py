@@ -45,7 +45,13 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
     plain = workload.requests(engine.model_name, args.num_texts)
     requests = [ScoringRequest.model_validate(r) for r in with_slots(plain, slot_queries)]
     engine.slot_vocab()  # built once per engine, on the first slot: not tokenization time
-    stats, results, _ = run_spinf(engine, requests, args.repeats)
+    made = []  # every decoding run's DecodeGraphs (None where graphs are off)
+    decode_graphs = engine.runner.decode_graphs
+    engine.runner.decode_graphs = lambda: made.append(decode_graphs()) or made[-1]
+    try:
+        stats, results, _ = run_spinf(engine, requests, args.repeats)
+    finally:
+        del engine.runner.decode_graphs  # the method again
     row = system_row(stats, num_questions, params, peak, **slot_token_share(results))
     extra_seconds = stats["seconds"] - bf16_row["seconds"]
     num_slot_answers = len(requests) * len(slot_queries)
@@ -55,6 +61,9 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
             "slot_scoring_token_equivalents_per_answer": extra_seconds * bf16_row["tokens_per_s"] / num_slot_answers,
             "mean_answers_per_slot": sum(len(q.combinations[0].answers or []) for r in results for q in r.results
                                          if q.combinations[0].answers is not None) / num_slot_answers}
+    graphs = [g for g in made if g is not None]
+    row["decoding_passes_per_run"] = {kind: sum(getattr(g, f"num_{kind}") for g in graphs) / len(made)
+                                      for kind in ("eager", "captured", "replayed")} if graphs else None
     row["by_kind"] = {kind: slot_kind_row(run_spinf, engine, plain, chosen, args.repeats, bf16_row)
                       for kind, chosen in slot_kinds(slot_queries).items()}
     if engine.runner.use_decode_graphs:

@@ -107,6 +107,10 @@ def _host_lines(result: dict) -> list[str]:
                          f" {part['decoding_rows_per_answer']:.1f} decoding rows and"
                          f" {part['tokens_written_per_answer']:.1f} tokens written per answer"
                          f" ({part['empty_answers']} without an answer)")
+        if row.get("decoding_passes_per_run"):
+            counts = row["decoding_passes_per_run"]
+            lines.append(f"\n- decoding passes per run (CUDA graphs, engine/pipeline/decode_graphs.py): {counts['eager']:g} eager,"
+                         f" {counts['replayed']:g} replayed ({counts['captured']:g} captured)")
         if "eager_decode" in row:
             eager = row["eager_decode"]
             lines.append(f"\n- the same slots with every decoding pass launched kernel by kernel (no CUDA graphs):"
