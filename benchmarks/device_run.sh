@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (through the device tool): install the carried wheels, then run
-# the stages named in $@ (tests, kernels, flex, gatedact, throughput:<model>:<workload>[:extra args],
+# the stages named in $@ (tests[:<test path>, default tests/engine], kernels, flex, gatedact, throughput:<model>:<workload>[:extra args],
 # parity:<model>, worker:<model>:<workload>[:extra args] and service:<model>:<workload>[:extra args]:
 # these two and tests also need the .whl-worker wheels). Tokenizers come as .tok/ or, smaller, as
 # .tokgz/<name>.tgz (unpacked into .tok/ here).
@@ -25,8 +25,9 @@ for stage in "$@"; do
   echo "=== $stage ($(date +%T))"
   case $kind in
     tests) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-worker/*.whl || exit 1  # redis: tests/conftest.py
-      { echo "commit $COMMIT, $(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader): python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine --tb=short"
-        python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine --tb=short 2>&1 | grep -v Warning | tail -40; } | tee "$OUT/results/gpu-tests.log" | tail -30 ;;
+      log="$OUT/results/gpu-tests.log"; [ -z "$model" ] || log="$OUT/gpu-tests-$num.log"  # tests:<path>: a part, not the record
+      { echo "commit $COMMIT, $(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader): python3 -m pytest -q -m gpu -p no:cacheprovider ${model:-tests/engine} --tb=short"
+        python3 -m pytest -q -m gpu -p no:cacheprovider "${model:-tests/engine}" --tb=short 2>&1 | grep -v Warning | tail -40; } | tee "$log" | tail -30 ;;
     kernels) python3 benchmarks/kernel_bench.py 2>&1 | tee "$OUT/kernels-$num.log" | tail -50 ;;
     flex) python3 benchmarks/flex_options.py --variants tma --probe-mask-cost 2>&1 | grep -v Warning | tail -20 ;;
     gatedact) python3 benchmarks/gated_act_options.py 2>&1 | grep -v Warning | tail -20 ;;
