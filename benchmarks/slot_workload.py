@@ -61,6 +61,7 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
             "slot_scoring_token_equivalents_per_answer": extra_seconds * bf16_row["tokens_per_s"] / num_slot_answers,
             "mean_answers_per_slot": sum(len(q.combinations[0].answers or []) for r in results for q in r.results
                                          if q.combinations[0].answers is not None) / num_slot_answers}
+    row["one_run"] = decode_breakdown(engine, requests)
     graphs = [g for g in made if g is not None]
     row["decoding_passes_per_run"] = {kind: sum(getattr(g, f"num_{kind}") for g in graphs) / len(made)
                                       for kind in ("eager", "captured", "replayed")} if graphs else None
@@ -110,3 +111,60 @@ def slot_kind_row(run_spinf, engine, plain: list[dict], chosen: list[dict], repe
             "decoding_rows_per_answer": sum(r.usage.slot_tokens for r in results) / num_answers,
             "tokens_written_per_answer": sum(written) / max(1, len(written)),
             "empty_answers": num_answers - len(written)}
+
+
+def decode_breakdown(engine, requests: list[ScoringRequest]) -> dict:
+    """One more run of the requests, timed by part: the whole run, the decoding (after the read
+    passes), the decoding passes' calls (the pass, its selection and the copies) and, on CUDA,
+    the passes on the device (events around each forward or replay, host-to-device input
+    copies included). What is left of the decoding is the host's: batches built, beams advanced."""
+    import time
+
+    import torch
+
+    from engine.extraction.decoding import Extraction
+    from engine.pipeline.decode_graphs import DecodeGraphs
+
+    events, seconds = [], {"decode_calls": 0.0, "decoding": 0.0}
+    logprobs, decode, run = DecodeGraphs.logprobs, engine.runner.decode, Extraction.run
+
+    on_gpu = engine.runner.device.type == "cuda"
+
+    def timed_logprobs(self, batch, forward):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = logprobs(self, batch, forward)
+        end.record()
+        events.append((start, end))
+        return out
+
+    def sync():
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    def timed(key, fn):
+        def call(*args):
+            began = time.perf_counter()
+            out = fn(*args)
+            seconds[key] += time.perf_counter() - began
+            return out
+        return call
+
+    compiled = [engine.compile(r) for r in requests]
+    if on_gpu:
+        DecodeGraphs.logprobs = timed_logprobs
+    engine.runner.decode, Extraction.run = timed("decode_calls", decode), timed("decoding", run)
+    try:
+        sync()
+        began = time.perf_counter()
+        engine.score_batch(compiled)
+        sync()
+        total = time.perf_counter() - began
+    finally:
+        DecodeGraphs.logprobs, Extraction.run = logprobs, run
+        del engine.runner.decode  # the method again
+    device = sum(start.elapsed_time(end) for start, end in events) / 1e3 if on_gpu else None
+    return {"seconds": total, "read_seconds": total - seconds["decoding"], "decoding_seconds": seconds["decoding"],
+            "decoding_passes": len(events) if on_gpu else None, "pass_device_seconds": device,
+            "decode_call_seconds": seconds["decode_calls"],
+            "decoding_host_seconds": seconds["decoding"] - seconds["decode_calls"]}

@@ -111,6 +111,14 @@ def _host_lines(result: dict) -> list[str]:
             counts = row["decoding_passes_per_run"]
             lines.append(f"\n- decoding passes per run (CUDA graphs, engine/pipeline/decode_graphs.py): {counts['eager']:g} eager,"
                          f" {counts['replayed']:g} replayed ({counts['captured']:g} captured)")
+        if "one_run" in row:
+            part = row["one_run"]
+            on_device = ("" if part["pass_device_seconds"] is None else
+                         f" {part['decoding_passes']} passes take {part['pass_device_seconds']:.3f} s on the device;")
+            lines.append(f"\n- one more run, by part: {part['seconds']:.3f} s = read passes {part['read_seconds']:.3f} s"
+                         f" + decoding {part['decoding_seconds']:.3f} s; in the decoding,{on_device} the passes' calls"
+                         f" (pass, selection, copies) {part['decode_call_seconds']:.3f} s; the host between them"
+                         f" (batches built, beams advanced) {part['decoding_host_seconds']:.3f} s")
         if "eager_decode" in row:
             eager = row["eager_decode"]
             lines.append(f"\n- the same slots with every decoding pass launched kernel by kernel (no CUDA graphs):"

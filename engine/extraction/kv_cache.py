@@ -82,8 +82,12 @@ class KVCapture:
     keys: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [R, Hkv, d]
     values: dict[int, torch.Tensor] = field(default_factory=dict)
 
+    _rows_on: dict = field(default_factory=dict, repr=False)  # device -> `rows` there, copied once per pass
+
     def save(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        rows = self.rows.to(k.device)
+        if k.device not in self._rows_on:  # pinned and non-blocking: a pageable copy at every layer would wait for the GPU
+            self._rows_on[k.device] = to_device(self.rows, k.device)
+        rows = self._rows_on[k.device]
         self.keys[layer] = k.index_select(0, rows)
         self.values[layer] = v.index_select(0, rows)
 

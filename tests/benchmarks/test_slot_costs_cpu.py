@@ -42,3 +42,8 @@ def test_slot_costs_by_kind(tmp_path):
             part["slot_extra_seconds"] * systems["spinf_bf16"]["tokens_per_s"] / part["slot_answers"])
         assert part["decoding_rows_per_answer"] > 0
         assert f"- {kind} slots alone ({', '.join(expected[kind])}; {part['slot_answers']} answers)" in markdown
+    one_run = systems["spinf_bf16_slots"]["one_run"]  # one more run by part: the parts add up
+    assert one_run["read_seconds"] + one_run["decoding_seconds"] == pytest.approx(one_run["seconds"])
+    assert 0 < one_run["decode_call_seconds"] < one_run["decoding_seconds"]
+    assert one_run["decoding_host_seconds"] == pytest.approx(one_run["decoding_seconds"] - one_run["decode_call_seconds"])
+    assert "- one more run, by part:" in markdown
