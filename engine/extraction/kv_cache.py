@@ -77,17 +77,15 @@ class SlotKV:
 class KVCapture:
     """Set on a packed pass that holds slots: keeps their prompt paths' K/V, layer by layer."""
 
-    rows: torch.Tensor  # [R] long stream rows of every slot's prompt path, slot after slot, root first
+    rows: torch.Tensor  # [R] long stream rows of every slot's prompt path, slot after slot, root first (on the pass's device once saved)
     lengths: list[int]  # rows per slot
     keys: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [R, Hkv, d]
     values: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    _rows_on: dict = field(default_factory=dict, repr=False)  # device -> `rows` there, copied once per pass
-
     def save(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        if k.device not in self._rows_on:  # pinned and non-blocking: a pageable copy at every layer would wait for the GPU
-            self._rows_on[k.device] = to_device(self.rows, k.device)
-        rows = self._rows_on[k.device]
+        if self.rows.device != k.device:  # once per pass, pinned and non-blocking (a pageable copy waits for the GPU)
+            self.rows = to_device(self.rows, k.device)
+        rows = self.rows
         self.keys[layer] = k.index_select(0, rows)
         self.values[layer] = v.index_select(0, rows)
 

@@ -8,11 +8,10 @@
         positions, scored rows, each group's index tensors and masks), then replayed
     every later pass of that shape: its host inputs copied into the static ones, one replay
 
-A decoding pass of a 48-layer model is a few thousand kernel launches and costs ~0.1 s of host
-time; on the device it takes a tenth of that. A replay is one launch. It runs the same kernels
-on the same shapes and inputs as the eager pass, so its log-probs are the same bits
-(tests/engine/extraction/test_gpu_decode_graphs.py). Extraction keeps a pass's shape from step
-to step by holding finished slots in place (engine/extraction/decoding.py).
+A decoding pass of a 48-layer model is a few thousand kernel launches; a replay is one. It runs
+the same kernels on the same shapes and inputs as the eager pass, so its log-probs are the same
+bits (tests/engine/extraction/test_gpu_slots.py). Extraction keeps a pass's shape from step to
+step by holding finished slots in place (engine/extraction/decoding.py).
 
 The graphs of one decoding run share a memory pool and live as long as the run's K/V (the
 arenas they read by address); a pass over MAX_GRAPH_ROWS rows runs eagerly (it is bound by the
