@@ -193,8 +193,8 @@ def _decode(jobs: list[SlotJob], runner: ModelRunner, max_num_rows: int, vocab: 
 def _wants_new_layout(layout: list[list[SlotJob]], live: list[SlotJob], max_num_rows: int, max_graph_rows: int) -> bool:
     """A layout is kept until a pass would pass the budget (a slot's live rows grew) or be too
     large to be a graph (then it is packed from the live slots at every step), or its held
-    rows outweigh its live ones and the passes are large enough for rows to cost time
-    (HELD_ROWS_WORTH_COMPACTING: below it a pass costs about its weights' read, whatever its rows)."""
+    rows are half of a layout of HELD_ROWS_WORTH_COMPACTING rows or more (a new layout costs an
+    eager pass and a capture; under that the held rows stay)."""
     if not layout:
         return True
     rows = [sum(_span_rows(job) for job in group) for group in layout]
