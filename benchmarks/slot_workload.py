@@ -8,7 +8,8 @@ decodes them in later passes; `slot_token_share` turns the responses' usage into
 of the slots in scoring-token equivalents (tokens fed to the model for slots, per token
 read for the option queries). Time the two phases apart with the runner's `run` / `decode`.
 `run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
-of them and each kind alone (search, generate).
+of them and each kind alone (search, generate); on CUDA also with eager decoding (no CUDA
+graphs) in the same run, and one more run by part (`decode_breakdown`).
 """
 
 from __future__ import annotations
