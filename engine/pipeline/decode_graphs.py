@@ -41,6 +41,11 @@ DecodeForward = Callable[[torch.Tensor, torch.Tensor, DecodeMetadata, torch.Tens
 # (input ids [T], positions [T], decode metadata, scored rows [S], all on the device) -> log-probs [S, V]
 
 
+def device_inputs(batch: DecodeBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pass's input ids [T], positions [T] and scored rows [S] on `device` (pinned, non-blocking)."""
+    return tuple(to_device(t, device) for t in (batch.input_ids, batch.positions, batch.scored_index))
+
+
 def pass_shape(batch: DecodeBatch) -> tuple:
     """Everything a graph of this pass bakes in besides its inputs' values."""
     return (batch.input_ids.shape[0], batch.scored_index.shape[0], tuple(g.shape() for g in batch.decode.groups))
@@ -52,22 +57,19 @@ class _StaticInputs:
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    scored_index: torch.Tensor  # [S]
+    scored_index: torch.Tensor  # [S]: always arange(S) (engine/extraction/decoding.py), never refilled
     indices: list[tuple[torch.Tensor, ...]]  # per group: (query_rows, rows, write_rows, out_rows)
     masks: list[dict[tuple, torch.Tensor]]  # per group: (sliding_window, device, G) -> [B, 1, G * n, C]
 
-    def refill(self, batch: DecodeBatch) -> list[torch.Tensor]:
-        """Copy the batch's host inputs in (pinned, non-blocking); the pinned copies are returned
-        (the copies read them until the device gets there)."""
-        pairs = [(self.input_ids, batch.input_ids), (self.positions, batch.positions),
-                 (self.scored_index, batch.scored_index)]
+    def refill(self, batch: DecodeBatch) -> None:
+        """Copy the batch's host inputs in, pinned and non-blocking (the host allocator keeps a
+        pinned block until the copy that reads it has run, as for `ops.to_device`)."""
+        pairs = [(self.input_ids, batch.input_ids), (self.positions, batch.positions)]
         for group, indices, masks in zip(batch.decode.groups, self.indices, self.masks, strict=True):
             pairs += zip(indices, group.host_indices(), strict=True)
             pairs += [(static, group.host_mask(window, num_groups)) for (window, _, num_groups), static in masks.items()]
-        pinned = [host.pin_memory() for _, host in pairs]
-        for (static, _), host in zip(pairs, pinned, strict=True):
-            static.copy_(host, non_blocking=True)
-        return pinned
+        for static, host in pairs:
+            static.copy_(host.pin_memory(), non_blocking=True)
 
 
 @dataclass(slots=True)
@@ -75,7 +77,6 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: _StaticInputs
     logprobs: torch.Tensor  # [S, V] float32, written by each replay
-    pinned: list[torch.Tensor] = field(default_factory=list)  # the last refill's host copies
 
 
 @dataclass(slots=True)
@@ -107,7 +108,8 @@ class DecodeGraphs:
                 logger.warning("decoding passes run eagerly: capturing a CUDA graph failed (%s)", self.capture_error)
             else:
                 return self._replay(self.graphs[shape], batch)
-        out = forward(*self._device_inputs(batch), batch.decode, to_device(batch.scored_index, self.device))
+        input_ids, positions, scored_index = device_inputs(batch, self.device)
+        out = forward(input_ids, positions, batch.decode, scored_index)
         self.seen[shape] = [group.mask_keys() for group in batch.decode.groups]
         self.num_eager += 1
         return out
@@ -118,14 +120,10 @@ class DecodeGraphs:
         self.graphs.clear()
         self.seen.clear()
 
-    def _device_inputs(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return to_device(batch.input_ids, self.device), to_device(batch.positions, self.device)
-
     def _capture(self, batch: DecodeBatch, forward: DecodeForward, mask_keys: list[list[tuple]]) -> _Graph:
         """The pass's inputs put on the device first (the groups' caches hold them, so the
         attention finds them there and copies nothing while captured), then one capture."""
-        inputs = _StaticInputs(*self._device_inputs(batch), to_device(batch.scored_index, self.device),
-                               [], [])
+        inputs = _StaticInputs(*device_inputs(batch, self.device), [], [])
         for group, keys in zip(batch.decode.groups, mask_keys, strict=True):
             inputs.indices.append(_cached_indices(group, keys))
             inputs.masks.append({key: group.attention_mask(*key) for key in keys})
@@ -145,7 +143,7 @@ class DecodeGraphs:
         return _Graph(graph, inputs, logprobs)
 
     def _replay(self, entry: _Graph, batch: DecodeBatch) -> torch.Tensor:
-        entry.pinned = entry.inputs.refill(batch)
+        entry.inputs.refill(batch)
         entry.graph.replay()
         self.num_replayed += 1
         return entry.logprobs

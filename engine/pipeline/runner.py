@@ -28,7 +28,7 @@ from engine.kernels.logprobs import option_logprobs, row_logsumexp
 from engine.layers.attention import AttentionMetadata
 from engine.layers.decode_attention import DecodeMetadata
 from engine.layers.ops import SCORE_CHUNK, to_device
-from engine.pipeline.decode_graphs import DecodeGraphs
+from engine.pipeline.decode_graphs import DecodeGraphs, device_inputs
 from engine.pipeline.launch_clock import LaunchClock
 from engine.pipeline.stages import PackedBatch, RunnerOutput
 from engine.pipeline.sync_lane import SyncLane
@@ -171,8 +171,8 @@ class ModelRunner:
         log-probs and ids, END masses and sampled rows reach the host (engine/extraction/select.py).
         With `graphs`, a pass of a shape seen before is a CUDA graph's replay."""
         if graphs is None:
-            logprobs = self._decode_logprobs(to_device(batch.input_ids, self.device), to_device(batch.positions, self.device),
-                                             batch.decode, to_device(batch.scored_index, self.device))
+            input_ids, positions, scored_index = device_inputs(batch, self.device)
+            logprobs = self._decode_logprobs(input_ids, positions, batch.decode, scored_index)
         else:
             logprobs = graphs.logprobs(batch, self._decode_logprobs)
         self.num_passes += 1
