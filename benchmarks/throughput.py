@@ -43,7 +43,7 @@ import result_files  # noqa: E402
 from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
 from result_files import git_commit, result_path  # noqa: E402
-from slot_workload import run_slots  # noqa: E402
+from slot_workload import load_slot_queries, run_slots, with_slots  # noqa: E402
 from throughput_report import speedups, write_result  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -144,19 +144,33 @@ def run_spinf(engine, requests, repeats: int) -> tuple[dict, list, list]:
     return stats, output.results, compiled
 
 
-def profile_pass(engine, compiled, result: dict, system: str) -> str:
-    """Per-op GPU time of one score_batch (torch profiler), as a table in profile-<model>-<workload>[-fp8].txt."""
+def profile_pass(engine, compiled, result: dict, system: str, variant: str = "", note: str = "") -> str:
+    """Per-op GPU time of one score_batch (torch profiler), as a table in
+    profile-<model>-<workload>[-<variant>].txt (variant: fp8, slots)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         engine.score_batch(compiled)
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40 if variant == "slots" else 25)
     head = (f"{system}: one score_batch of {result['workload']} ({result['num_texts']} texts) on random-weight"
-            f" {result['model']}, {result['gpu']}; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
-    variant = "fp8" if system.endswith("fp8") else ""
+            f" {result['model']}, {result['gpu']}; commit {result['commit']}, {result['date']}, torch {result['torch']}{note}\n\n")
     result_path("profile", result["model"], result["workload"], variant, suffix=".txt").write_text(head + table)
     return table
+
+
+def profile_slots(engine, workload, args, result: dict) -> str:
+    """profile_pass of the requests with their slots, decoding passes launched eagerly (each
+    kernel under its op; a replayed graph runs the same kernels)."""
+    slot_queries = load_slot_queries(args.workload, args.slots)
+    plain = workload.requests(engine.model_name, args.num_texts)
+    compiled = [engine.compile(ScoringRequest.model_validate(r)) for r in with_slots(plain, slot_queries)]
+    engine.runner.use_decode_graphs = False
+    try:
+        return profile_pass(engine, compiled, result, "spinf_bf16_slots", "slots",
+                            f"; {len(slot_queries)} slots per text, decoding passes eager")
+    finally:
+        engine.runner.use_decode_graphs = True
 
 
 def check_invariance(engine, compiled, packed_results, indices=(0, 7)) -> bool:
@@ -265,6 +279,8 @@ def main() -> None:
                                                 peak_bf16)
         print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
         write_result(result, final=False)
+        if args.profile:
+            print(profile_slots(engine, workload, args, result), flush=True)
 
     prefix_items = items[: args.prefix_texts]
     prefix_lp = None
@@ -351,7 +367,7 @@ def run_fp8(result: dict, hf, tokenizer, requests, bf16_results, args, params: i
         print("  fp8 timeline", brief(row["timeline"]), flush=True)
     row["batch_invariant"] = check_invariance(engine8, compiled8, fp8_results)
     if args.profile:
-        print(profile_pass(engine8, compiled8, result, "spinf_fp8"), flush=True)
+        print(profile_pass(engine8, compiled8, result, "spinf_fp8", "fp8"), flush=True)
     result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
     print("spinf_fp8", _brief(row), result["fp8_vs_bf16_drift"], flush=True)
 
