@@ -144,33 +144,53 @@ def run_spinf(engine, requests, repeats: int) -> tuple[dict, list, list]:
     return stats, output.results, compiled
 
 
-def profile_pass(engine, compiled, result: dict, system: str, variant: str = "", note: str = "") -> str:
+def profile_pass(engine, compiled, result: dict, system: str, variant: str = "") -> str:
     """Per-op GPU time of one score_batch (torch profiler), as a table in
-    profile-<model>-<workload>[-<variant>].txt (variant: fp8, slots)."""
+    profile-<model>-<workload>[-fp8].txt."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         engine.score_batch(compiled)
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40 if variant == "slots" else 25)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     head = (f"{system}: one score_batch of {result['workload']} ({result['num_texts']} texts) on random-weight"
-            f" {result['model']}, {result['gpu']}; commit {result['commit']}, {result['date']}, torch {result['torch']}{note}\n\n")
+            f" {result['model']}, {result['gpu']}; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
     result_path("profile", result["model"], result["workload"], variant, suffix=".txt").write_text(head + table)
     return table
 
 
 def profile_slots(engine, workload, args, result: dict) -> str:
-    """profile_pass of the requests with their slots, decoding passes launched eagerly (each
-    kernel under its op; a replayed graph runs the same kernels)."""
+    """Per-op GPU time of the decoding of one run with the slots (the profiler runs around
+    Extraction.run only; decoding passes launched eagerly, each kernel under its op: a replayed
+    graph runs the same kernels), in profile-<model>-<workload>-slots.txt."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.extraction.decoding import Extraction
+
     slot_queries = load_slot_queries(args.workload, args.slots)
     plain = workload.requests(engine.model_name, args.num_texts)
     compiled = [engine.compile(ScoringRequest.model_validate(r)) for r in with_slots(plain, slot_queries)]
-    engine.runner.use_decode_graphs = False
+    run, profiles = Extraction.run, []
+
+    def profiled(self, runner, max_num_rows):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            began = time.perf_counter()
+            run(self, runner, max_num_rows)
+            synchronize()
+        profiles.append((prof, time.perf_counter() - began))
+
+    engine.runner.use_decode_graphs, Extraction.run = False, profiled
     try:
-        return profile_pass(engine, compiled, result, "spinf_bf16_slots", "slots",
-                            f"; {len(slot_queries)} slots per text, decoding passes eager")
+        engine.score_batch(compiled)
     finally:
-        engine.runner.use_decode_graphs = True
+        engine.runner.use_decode_graphs, Extraction.run = True, run
+    prof, seconds = profiles[0]
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+    head = (f"spinf_bf16_slots: the decoding of one score_batch of {result['workload']} ({result['num_texts']} texts,"
+            f" {len(slot_queries)} slots each) on random-weight {result['model']}, {result['gpu']}; decoding passes"
+            f" eager, {seconds:.3f} s under the profiler; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
+    result_path("profile", result["model"], result["workload"], "slots", suffix=".txt").write_text(head + table)
+    return table
 
 
 def check_invariance(engine, compiled, packed_results, indices=(0, 7)) -> bool:
