@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (through the device tool): install the carried wheels, then run
-# the stages named in $@ (tests[:<test path>, default tests/engine], kernels, flex, gatedact, throughput:<model>:<workload>[:extra args],
+# the stages named in $@ (tests[:<test path>, default tests/engine], kernels, decodemm[:<rows,...>], flex, gatedact, throughput:<model>:<workload>[:extra args],
 # parity:<model>, worker:<model>:<workload>[:extra args] and service:<model>:<workload>[:extra args]:
 # these two and tests also need the .whl-worker wheels). Tokenizers come as .tok/ or, smaller, as
 # .tokgz/<name>.tgz (unpacked into .tok/ here).
@@ -29,6 +29,7 @@ for stage in "$@"; do
       { echo "commit $COMMIT, $(date +%F), $(nvidia-smi --query-gpu=name --format=csv,noheader): python3 -m pytest -q -m gpu -p no:cacheprovider ${model:-tests/engine} --tb=short"
         python3 -m pytest -q -m gpu -p no:cacheprovider "${model:-tests/engine}" --tb=short 2>&1 | grep -v Warning | tail -40; } | tee "$log" | tail -30 ;;
     kernels) python3 benchmarks/kernel_bench.py 2>&1 | tee "$OUT/kernels-$num.log" | tail -50 ;;
+    decodemm) python3 benchmarks/decode_matmul_options.py ${model:+--rows $model} 2>&1 | tee "$OUT/decodemm-$num.log" | tail -25 ;;
     flex) python3 benchmarks/flex_options.py --variants tma --probe-mask-cost 2>&1 | grep -v Warning | tail -20 ;;
     gatedact) python3 benchmarks/gated_act_options.py 2>&1 | grep -v Warning | tail -20 ;;
     throughput) profile=(); [ "${PROFILE:-1}" = 0 ] || profile=(--profile)

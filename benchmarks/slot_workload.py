@@ -9,7 +9,8 @@ of the slots in scoring-token equivalents (tokens fed to the model for slots, pe
 read for the option queries). Time the two phases apart with the runner's `run` / `decode`.
 `run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
 of them and each kind alone (search, generate); on CUDA also with eager decoding (no CUDA
-graphs) in the same run, and one more run by part (`decode_breakdown`).
+graphs) and with the layout packed again at half held (`compact_at_half_row`) in the same run,
+and one more run by part (`decode_breakdown`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,27 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                       for kind, chosen in slot_kinds(slot_queries).items()}
     if engine.runner.use_decode_graphs:
         row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
+        row["compact_at_half_held"] = compact_at_half_row(run_spinf, engine, requests, args.repeats, bf16_row,
+                                                          num_slot_answers)
     return row
+
+
+def compact_at_half_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                        num_slot_answers: int) -> dict:
+    """The same requests with the decoding layout packed again as soon as half its rows are
+    held, whatever its size (engine/extraction/decoding.py HELD_ROWS_WORTH_COMPACTING = 0):
+    fewer rows and entries per pass after slots finish, for a new capture each time."""
+    from engine.extraction import decoding
+
+    kept = decoding.HELD_ROWS_WORTH_COMPACTING
+    decoding.HELD_ROWS_WORTH_COMPACTING = 0
+    try:
+        stats, _, _ = run_spinf(engine, requests, repeats)
+    finally:
+        decoding.HELD_ROWS_WORTH_COMPACTING = kept
+    extra = stats["seconds"] - bf16_row["seconds"]
+    return {"seconds": stats["seconds"], "slot_extra_seconds": extra, "held_rows_worth_compacting": 0,
+            "slot_scoring_token_equivalents_per_answer": extra * bf16_row["tokens_per_s"] / num_slot_answers}
 
 
 def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,

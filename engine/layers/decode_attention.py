@@ -3,7 +3,8 @@
     DecodeSpan per slot (its live hypotheses' new tokens, its SlotKV in an arena; or a finished
         slot held in place, whose padding rows only see themselves)
         --group_spans--> DecodeGroup per (arena, rows per slot): host index tensors and masks,
-        built once per pass (a CUDA graph's replay copies them into its own: decode_graphs.py)
+        built once per pass (a CUDA graph's replay copies them into its own: decode_graphs.py);
+        on the device each mask becomes SDPA's additive bias once per pass, not at every layer
     decode_attention, per layer and group: the new rows' K/V are written into their slots'
         entries in place, then ONE SDPA over the group's entries [B, Hkv, C, d]
 
@@ -13,6 +14,7 @@ docstring states the batch-invariance argument for the shapes used here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,7 +54,7 @@ class DecodeGroup:
     mask: torch.Tensor  # [B, n, C] bool
     positions: torch.Tensor  # [B, n] long positions of the queries
     key_positions: torch.Tensor  # [B, C] long positions of the keys (0 past a slot's rows)
-    _on: dict = field(default_factory=dict, repr=False)  # device / (window, device, G) -> tensors there
+    _on: dict = field(default_factory=dict, repr=False)  # device / (window, device, G) / ("bias", ..., dtype) -> tensors there
 
     def indices(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         """(query_rows, rows, write_rows, out_rows) on `device`, copied once per pass."""
@@ -71,6 +73,17 @@ class DecodeGroup:
             self._on[key] = to_device(self.host_mask(sliding_window, num_groups), device)
         return self._on[key]
 
+    def attention_bias(self, sliding_window: int | None, device: torch.device, num_groups: int,
+                       dtype: torch.dtype) -> torch.Tensor:
+        """`attention_mask` as SDPA's additive bias (0 where attended, -inf where not), made once
+        per pass on the device, not by SDPA at every layer: the values SDPA makes of a bool
+        mask, so the same bits."""
+        key = ("bias", sliding_window, device, num_groups, dtype)
+        if key not in self._on:
+            mask = self.attention_mask(sliding_window, device, num_groups)
+            self._on[key] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, -math.inf)
+        return self._on[key]
+
     def host_mask(self, sliding_window: int | None, num_groups: int) -> torch.Tensor:
         """[B, 1, G * n, C]: `mask` narrowed to keys less than `sliding_window` positions back,
         repeated for the G query heads folded into each kv head."""
@@ -82,7 +95,7 @@ class DecodeGroup:
 
     def mask_keys(self) -> list[tuple[int | None, torch.device, int]]:
         """The (sliding_window, device, G) of every mask this pass's attention asked for."""
-        return [key for key in self._on if isinstance(key, tuple)]
+        return [key for key in self._on if isinstance(key, tuple) and key[0] != "bias"]
 
     def shape(self) -> tuple:
         """What a CUDA graph of a pass bakes in for this group: the arena's tensors (by address:
@@ -157,7 +170,7 @@ def decode_attention(
             _fold(q.index_select(0, query_rows), group.num_rows, k.shape[1]),  # [B, Hkv, G * n, d]
             keys[entries].transpose(1, 2),  # [B, Hkv, C, d], a view
             values[entries].transpose(1, 2),
-            attn_mask=group.attention_mask(sliding_window, q.device, num_groups),
+            attn_mask=group.attention_bias(sliding_window, q.device, num_groups, q.dtype),
             scale=scale,
         )  # [B, Hkv, G * n, d]
         out.index_copy_(0, rows, _unfold(attended, group.num_rows).index_select(0, out_rows))

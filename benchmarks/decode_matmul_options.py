@@ -1,0 +1,103 @@
+"""Tile configs of the batch-invariant bf16 matmul on the few rows of a decoding pass.
+
+    python3 benchmarks/decode_matmul_options.py [--rows 64,128,320]
+        --> benchmarks/results/decode-matmul-options-gemma-3-12b.{json,md} (the commit inside)
+
+A decoding pass (engine/extraction/decoding.py) has tens to hundreds of rows, so the scoring
+passes' 128x256 tiles leave most SMs idle on the narrow projections (o_proj, down: N = 3,840,
+15 column tiles). For each Gemma-3-12B projection shape and row count this times every
+candidate config (CUDA events, median) beside cuBLAS and the time to stream the weight once
+at the copy bandwidth measured in the same run, and says whether the config's output is
+bit-identical to the scoring config's (the same K loop per element: a config that is may be
+chosen by row count without changing any row's bits; tests/engine/kernels/ guard the one chosen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernel_bench import bench  # noqa: E402
+from result_files import new_result, write_pair  # noqa: E402
+
+from engine.kernels import matmul  # noqa: E402
+
+SHAPES = {"qkv": (8192, 3840), "o": (3840, 4096), "gate_up": (30720, 3840), "down": (3840, 15360)}  # name: (N, K)
+CONFIGS = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages); the first is the scoring passes'
+    (128, 256, 64, 16, 8, 3),
+    (128, 128, 64, 8, 8, 4),
+    (64, 128, 64, 8, 4, 4),
+    (64, 128, 128, 8, 4, 4),
+    (64, 64, 128, 8, 4, 4),
+    (64, 64, 128, 8, 4, 6),
+    (64, 32, 128, 8, 4, 6),
+    (64, 32, 256, 8, 4, 4),
+]
+
+
+def copy_gbps() -> float:
+    """Device-to-device copy of 1 GiB: bytes read + written per second (the bandwidth ceiling)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / bench(lambda: dst.copy_(src)) / 1e9
+
+
+def rows_for(num_rows: int, gbps: float) -> list[dict]:
+    gen = torch.Generator("cuda").manual_seed(num_rows)
+    out = []
+    for name, (n, k) in SHAPES.items():
+        x = torch.randn(num_rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+        scoring = matmul.matmul(x, w, tiles=matmul.TileConfig(*CONFIGS[0]))
+        row = {"rows": num_rows, "shape": name, "N": n, "K": k,
+               "weight_stream_us": w.numel() * 2 / (gbps * 1e9 / 2) * 1e6,  # read once at half the copy rate (read + write)
+               "cublas_us": bench(lambda: x @ w.t()) * 1e6, "configs": {}}
+        for config in CONFIGS:
+            tiles = matmul.TileConfig(*config)
+            try:
+                seconds = bench(lambda t=tiles: matmul.matmul(x, w, tiles=t))
+                same = bool(torch.equal(matmul.matmul(x, w, tiles=tiles), scoring))
+                row["configs"][str(config)] = {"us": seconds * 1e6, "bits_equal_scoring": same}
+            except Exception as error:  # report and go on: one config that does not build must not hide the rest
+                row["configs"][str(config)] = {"error": repr(error)[:200]}
+        out.append(row)
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Decoding-pass matmul tile configs, {result['gpu']}", "",
+             f"commit `{result['commit']}`, {result['date']}, torch {result['torch']}; "
+             f"`{result['command']}`; copy bandwidth {result['copy_gbps']:.0f} GB/s (read + write).",
+             "Config = (block_m, block_n, block_k, group_m, num_warps, num_stages); the first is the scoring passes'. "
+             "µs per call, median of 20; `=` bits equal the scoring config's, `≠` they differ.", ""]
+    header = ["rows", "shape", "weight once", "cuBLAS", *result["configs"]]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in result["rows"]:
+        cells = [str(row["rows"]), row["shape"], f"{row['weight_stream_us']:.0f}", f"{row['cublas_us']:.0f}"]
+        for config in result["configs"]:
+            entry = row["configs"][config]
+            cells.append("error" if "error" in entry else f"{entry['us']:.0f} {'=' if entry['bits_equal_scoring'] else '≠'}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="64,128,320", help="comma list of row counts (a decoding pass's rows)")
+    args = parser.parse_args()
+    result = new_result(gpu=torch.cuda.get_device_name(), torch=torch.__version__, model="gemma-3-12b",
+                        command="python3 benchmarks/decode_matmul_options.py --rows " + args.rows,
+                        configs=[str(c) for c in CONFIGS], copy_gbps=copy_gbps())
+    result["rows"] = [row for num_rows in map(int, args.rows.split(",")) for row in rows_for(num_rows, result["copy_gbps"])]
+    write_pair(result, markdown(result), "decode-matmul-options", "gemma-3-12b")
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
