@@ -142,40 +142,48 @@ class BeamDecoder(Decoder):
         return needs
 
     def advance(self, state: DecodeState, candidates: list[Candidates], vocab: SlotVocab) -> None:
-        """Steps 1-3 of the module docstring, from each live hypothesis's Candidates."""
-        width = self.width(state.spec)
-        proposals: list[_Proposal] = []
+        """Steps 1-3 of the module docstring, from each live hypothesis's Candidates. The
+        proposals are ranked first; a {*} proposal's text (a tokenizer decode) is made only for
+        those the walk down the ranking reaches, until `width` are kept."""
+        spec = state.spec
+        width = self.width(spec)
+        ranked: list[tuple[float, int, int]] = []  # (log-prob, hypothesis index, token)
         for index, (hyp, found) in enumerate(zip(state.live, candidates, strict=True)):
-            proposals += propose(state.spec, hyp, index, found, vocab)
-        proposals.sort(key=lambda c: (-c.logprob, c.hyp_index, c.token))
-        live = []
-        for c in proposals[:width]:
-            if c.is_finished:
-                state.finished.append(Finished(c.ids, c.text, c.logprob))
+            ranked += ((hyp.logprob + value, index, token) for token, value in zip(found.ids, found.logprobs, strict=True))
+            if spec.is_grammar and found.end is not None:
+                ranked.append((hyp.logprob + found.end, index, END))
+        ranked.sort(key=lambda c: (-c[0], c[1], c[2]))
+        live, kept = [], 0
+        for logprob, index, token in ranked:
+            if kept == width:
+                break
+            proposal = propose(spec, state.live[index], index, token, logprob, vocab)
+            if proposal is None:
+                continue
+            kept += 1
+            if proposal.is_finished:
+                state.finished.append(Finished(proposal.ids, proposal.text, proposal.logprob))
             else:
-                live.append(Hypothesis(c.ids, c.logprob, c.text, list(state.live[c.hyp_index].rows)))
+                live.append(Hypothesis(proposal.ids, proposal.logprob, proposal.text, list(state.live[index].rows)))
         state.live = live
 
 
-def propose(spec: SlotSpec, hyp: Hypothesis, index: int, found: Candidates, vocab: SlotVocab) -> list[_Proposal]:
-    """The proposals of one hypothesis (steps 1-2 of the module docstring)."""
-    pairs = zip(found.ids, found.logprobs, strict=True)
+def propose(spec: SlotSpec, hyp: Hypothesis, index: int, token: int, logprob: float,
+            vocab: SlotVocab) -> _Proposal | None:
+    """Hypothesis `hyp` grown by `token` (END: a grammar slot's close), as step 2 of the module
+    docstring: finished, live, or None (a {*} text that neither closes nor may grow)."""
     if spec.is_grammar:
-        out = [_Proposal(hyp.logprob + value, index, token, hyp.ids + [token], hyp.text + vocab.texts[token], False)
-               for token, value in pairs]
-        if found.end is not None:
-            out.append(_Proposal(hyp.logprob + found.end, index, END, hyp.ids, hyp.text, True))
-        return out
-    out = []
-    for token, value in pairs:
-        ids = hyp.ids + [token]
-        text = vocab.continuation_text(ids)
-        cut = text.find(spec.tail)
-        if cut >= 0:
-            out.append(_Proposal(hyp.logprob + value, index, token, ids, text[:cut], True))
-        elif len(ids) < spec.max_tokens:
-            out.append(_Proposal(hyp.logprob + value, index, token, ids, text, False))
-    return out
+        if token == END:
+            return _Proposal(logprob, index, END, hyp.ids, hyp.text, True)
+        return _Proposal(logprob, index, token, hyp.ids + [token], hyp.text + vocab.texts[token], False)
+    ids = hyp.ids + [token]
+    text = vocab.continuation_text(ids)
+    cut = text.find(spec.tail)
+    if cut >= 0:
+        return _Proposal(logprob, index, token, ids, text[:cut], True)
+    if len(ids) < spec.max_tokens:
+        return _Proposal(logprob, index, token, ids, text, False)
+    return None
 
 
 class GenerateDecoder(Decoder):
