@@ -14,9 +14,11 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def _group(num_entries: int, num_rows: int, capacity: int, gen: torch.Generator) -> DecodeGroup:
+    """Random masks in which every query sees the key at its own position (as in a decoding
+    pass: a row sees itself, a dummy query key 0 at position 0), so every window keeps a key."""
     mask = torch.rand(num_entries, num_rows, capacity, generator=gen) < 0.6
-    mask[:, :, 0] = True  # every query sees a key
-    positions = torch.randint(capacity, 2 * capacity, (num_entries, num_rows), generator=gen)
+    positions = torch.randint(capacity, (num_entries, num_rows), generator=gen)
+    mask.scatter_(2, positions[:, :, None], True)
     key_positions = torch.arange(capacity).expand(num_entries, capacity).clone()
     empty = torch.zeros(0, dtype=torch.long)
     return DecodeGroup(None, 0, num_entries, num_rows, empty, empty, empty, empty, mask, positions, key_positions)
