@@ -4,10 +4,9 @@
     w (nn.Linear layout)  ───┴─ matmul_persistent_kernel ── one fixed tile config ──> y
 
 Why invariant: cuBLAS picks its kernel (tile shape, split-K) from the whole problem shape,
-so a row's reduction order over K changes with M. Here the tile configs are constants of
-the module (one by row count: `bf16_tiles_for`), there is no split-K, and every config and
-output tile runs the same K loop per element whichever program computes it; a row's bits
-therefore depend only on that row and the weight.
+so a row's reduction order over K changes with M. Here the tile config is a constant of
+the module, there is no split-K, and each output tile runs the same K loop whichever
+program computes it; a row's bits therefore depend only on that row and the weight.
 `mm(x[:k], w) == mm(x, w)[:k]` bit for bit is the test (tests/engine/kernels/).
 
 The kernel is persistent (one program per SM walking the tiles) and reads its tiles
@@ -40,23 +39,6 @@ class TileConfig:
 BF16_TILES = TileConfig(block_m=128, block_n=256, block_k=64, group_m=16, num_warps=8, num_stages=3)
 # fp32 output (logits): the epilogue tile is twice the bytes, so half the width.
 FP32_OUT_TILES = TileConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
-# Few rows (decoding passes, small sync passes): narrower tiles keep more SMs streaming the
-# weight (benchmarks/decode_matmul_options.py, H100: at 64-128 rows the down projection 199 ->
-# 103 us, o_proj 100 -> 72 us; at 320 rows NARROW_TILES take o_proj / down 97 / 200 -> 80 / 148 us).
-# Every config here walks K in the same order for each output element (tl.dot's k16 steps, no
-# split-K), so a row's bits do not depend on which one its pass's row count picks: measured
-# bit-identical on those shapes, guarded by tests/engine/kernels/test_kernel_matmul.py.
-FEW_ROWS_TILES = TileConfig(block_m=64, block_n=64, block_k=128, group_m=8, num_warps=4, num_stages=6)
-NARROW_TILES = TileConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)
-
-
-def bf16_tiles_for(num_rows: int, num_cols: int, num_inner: int) -> TileConfig:
-    """The bf16-output config for an [num_rows, num_inner] x [num_cols, num_inner]^T product."""
-    if num_rows <= 128 and num_inner % FEW_ROWS_TILES.block_k == 0:
-        return FEW_ROWS_TILES
-    if num_rows <= 512 and num_cols <= 4096:
-        return NARROW_TILES
-    return BF16_TILES
 
 
 def matmul_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -146,8 +128,7 @@ def matmul(
     logit near 20 is only good to 0.06 nats). `out`: a contiguous [M, N] tensor to write
     (e.g. the first M rows of a padded buffer); the same bits as a fresh one."""
     out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
-    if tiles is None:
-        tiles = FP32_OUT_TILES if out_dtype == torch.float32 else bf16_tiles_for(x.shape[0], w.shape[0], x.shape[1])
+    tiles = tiles or (FP32_OUT_TILES if out_dtype == torch.float32 else BF16_TILES)
     check_operands(x, w, tiles.block_k)
     x = x.contiguous()
     num_rows, num_cols = x.shape[0], w.shape[0]
