@@ -42,7 +42,8 @@ CONFIGS = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages); the 
 
 
 def copy_gbps() -> float:
-    """Device-to-device copy of 1 GiB: bytes read + written per second (the bandwidth ceiling)."""
+    """Device-to-device copy of 1 GiB: bytes read + written per second, the memory's traffic
+    rate (the bandwidth ceiling a weight read alone streams at)."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     return 2 * src.numel() / bench(lambda: dst.copy_(src)) / 1e9
@@ -56,7 +57,7 @@ def rows_for(num_rows: int, gbps: float) -> list[dict]:
         w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
         scoring = matmul.matmul(x, w, tiles=matmul.TileConfig(*CONFIGS[0]))
         row = {"rows": num_rows, "shape": name, "N": n, "K": k,
-               "weight_stream_us": w.numel() * 2 / (gbps * 1e9 / 2) * 1e6,  # read once at half the copy rate (read + write)
+               "weight_stream_us": w.numel() * 2 / (gbps * 1e9) * 1e6,  # its bytes read once at the copy's traffic rate
                "cublas_us": bench(lambda: x @ w.t()) * 1e6, "configs": {}}
         for config in CONFIGS:
             tiles = matmul.TileConfig(*config)
