@@ -54,7 +54,8 @@ class DecodeGroup:
     mask: torch.Tensor  # [B, n, C] bool
     positions: torch.Tensor  # [B, n] long positions of the queries
     key_positions: torch.Tensor  # [B, C] long positions of the keys (0 past a slot's rows)
-    _on: dict = field(default_factory=dict, repr=False)  # device / (window, device, G) / ("bias", ..., dtype) -> tensors there
+    _on: dict = field(default_factory=dict, repr=False)  # device / (window, device, G) -> tensors there
+    _biases: dict = field(default_factory=dict, repr=False)  # (window, device, G, dtype) -> [B, 1, G * n, C] bias
 
     def indices(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         """(query_rows, rows, write_rows, out_rows) on `device`, copied once per pass."""
@@ -78,11 +79,11 @@ class DecodeGroup:
         """`attention_mask` as SDPA's additive bias (0 where attended, -inf where not), made once
         per pass on the device, not by SDPA at every layer: the values SDPA makes of a bool
         mask, so the same bits."""
-        key = ("bias", sliding_window, device, num_groups, dtype)
-        if key not in self._on:
+        key = (sliding_window, device, num_groups, dtype)
+        if key not in self._biases:
             mask = self.attention_mask(sliding_window, device, num_groups)
-            self._on[key] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, -math.inf)
-        return self._on[key]
+            self._biases[key] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, -math.inf)
+        return self._biases[key]
 
     def host_mask(self, sliding_window: int | None, num_groups: int) -> torch.Tensor:
         """[B, 1, G * n, C]: `mask` narrowed to keys less than `sliding_window` positions back,
@@ -95,7 +96,7 @@ class DecodeGroup:
 
     def mask_keys(self) -> list[tuple[int | None, torch.device, int]]:
         """The (sliding_window, device, G) of every mask this pass's attention asked for."""
-        return [key for key in self._on if isinstance(key, tuple) and key[0] != "bias"]
+        return [key for key in self._on if isinstance(key, tuple)]
 
     def shape(self) -> tuple:
         """What a CUDA graph of a pass bakes in for this group: the arena's tensors (by address:
