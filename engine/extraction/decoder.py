@@ -80,15 +80,6 @@ class Answer:
     paths: list[Finished] = field(default_factory=list)  # the finished paths merged into it, best first
 
 
-@dataclass(slots=True)
-class _Proposal:
-    logprob: float
-    hyp_index: int
-    token: int  # END for a grammar slot's close
-    ids: list[int]
-    text: str
-    is_finished: bool
-
 
 def start_state(spec: SlotSpec) -> DecodeState:
     generator = None
@@ -157,32 +148,30 @@ class BeamDecoder(Decoder):
         for logprob, index, token in ranked:
             if kept == width:
                 break
-            proposal = propose(spec, state.live[index], index, token, logprob, vocab)
-            if proposal is None:
+            grown = propose(spec, state.live[index], token, logprob, vocab)
+            if grown is None:
                 continue
             kept += 1
-            if proposal.is_finished:
-                state.finished.append(Finished(proposal.ids, proposal.text, proposal.logprob))
-            else:
-                live.append(Hypothesis(proposal.ids, proposal.logprob, proposal.text, list(state.live[index].rows)))
+            (state.finished if isinstance(grown, Finished) else live).append(grown)
         state.live = live
 
 
-def propose(spec: SlotSpec, hyp: Hypothesis, index: int, token: int, logprob: float,
-            vocab: SlotVocab) -> _Proposal | None:
-    """Hypothesis `hyp` grown by `token` (END: a grammar slot's close), as step 2 of the module
-    docstring: finished, live, or None (a {*} text that neither closes nor may grow)."""
+def propose(spec: SlotSpec, hyp: Hypothesis, token: int, logprob: float,
+            vocab: SlotVocab) -> Finished | Hypothesis | None:
+    """Hypothesis `hyp` grown by `token` (END: a grammar slot's close) to `logprob`, as step 2
+    of the module docstring: a finished path, a live hypothesis, or None (a {*} text that
+    neither closes nor may grow)."""
     if spec.is_grammar:
         if token == END:
-            return _Proposal(logprob, index, END, hyp.ids, hyp.text, True)
-        return _Proposal(logprob, index, token, hyp.ids + [token], hyp.text + vocab.texts[token], False)
+            return Finished(hyp.ids, hyp.text, logprob)
+        return Hypothesis(hyp.ids + [token], logprob, hyp.text + vocab.texts[token], list(hyp.rows))
     ids = hyp.ids + [token]
     text = vocab.continuation_text(ids)
     cut = text.find(spec.tail)
     if cut >= 0:
-        return _Proposal(logprob, index, token, ids, text[:cut], True)
+        return Finished(ids, text[:cut], logprob)
     if len(ids) < spec.max_tokens:
-        return _Proposal(logprob, index, token, ids, text, False)
+        return Hypothesis(ids, logprob, text, list(hyp.rows))
     return None
 
 
