@@ -144,11 +144,13 @@ def decode_breakdown(engine, requests: list[ScoringRequest]) -> dict:
 
     import torch
 
+    from engine.extraction import decoding
     from engine.extraction.decoding import Extraction
     from engine.pipeline.decode_graphs import DecodeGraphs
 
-    events, seconds = [], {"decode_calls": 0.0, "decoding": 0.0}
+    events, seconds = [], {"decode_calls": 0.0, "decoding": 0.0, "prepare": 0.0, "advance": 0.0}
     logprobs, decode, run = DecodeGraphs.logprobs, engine.runner.decode, Extraction.run
+    prepare, advance = decoding.prepare_decode_batch, decoding._advance
 
     on_gpu = engine.runner.device.type == "cuda"
 
@@ -176,6 +178,7 @@ def decode_breakdown(engine, requests: list[ScoringRequest]) -> dict:
     if on_gpu:
         DecodeGraphs.logprobs = timed_logprobs
     engine.runner.decode, Extraction.run = timed("decode_calls", decode), timed("decoding", run)
+    decoding.prepare_decode_batch, decoding._advance = timed("prepare", prepare), timed("advance", advance)
     try:
         sync()
         began = time.perf_counter()
@@ -184,9 +187,11 @@ def decode_breakdown(engine, requests: list[ScoringRequest]) -> dict:
         total = time.perf_counter() - began
     finally:
         DecodeGraphs.logprobs, Extraction.run = logprobs, run
+        decoding.prepare_decode_batch, decoding._advance = prepare, advance
         del engine.runner.decode  # the method again
     device = sum(start.elapsed_time(end) for start, end in events) / 1e3 if on_gpu else None
     return {"seconds": total, "read_seconds": total - seconds["decoding"], "decoding_seconds": seconds["decoding"],
             "decoding_passes": len(events) if on_gpu else None, "pass_device_seconds": device,
             "decode_call_seconds": seconds["decode_calls"],
-            "decoding_host_seconds": seconds["decoding"] - seconds["decode_calls"]}
+            "decoding_host_seconds": seconds["decoding"] - seconds["decode_calls"],
+            "prepare_seconds": seconds["prepare"], "advance_seconds": seconds["advance"]}

@@ -118,7 +118,8 @@ def _host_lines(result: dict) -> list[str]:
             lines.append(f"\n- one more run, by part: {part['seconds']:.3f} s = read passes {part['read_seconds']:.3f} s"
                          f" + decoding {part['decoding_seconds']:.3f} s; in the decoding,{on_device} the passes' calls"
                          f" (pass, selection, copies) {part['decode_call_seconds']:.3f} s; the host between them"
-                         f" (batches built, beams advanced) {part['decoding_host_seconds']:.3f} s")
+                         f" {part['decoding_host_seconds']:.3f} s (batches built {part['prepare_seconds']:.3f} s,"
+                         f" beams advanced {part['advance_seconds']:.3f} s)")
         if "eager_decode" in row:
             eager = row["eager_decode"]
             lines.append(f"\n- the same slots with every decoding pass launched kernel by kernel (no CUDA graphs):"

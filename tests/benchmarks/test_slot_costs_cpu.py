@@ -46,4 +46,6 @@ def test_slot_costs_by_kind(tmp_path):
     assert one_run["read_seconds"] + one_run["decoding_seconds"] == pytest.approx(one_run["seconds"])
     assert 0 < one_run["decode_call_seconds"] < one_run["decoding_seconds"]
     assert one_run["decoding_host_seconds"] == pytest.approx(one_run["decoding_seconds"] - one_run["decode_call_seconds"])
+    assert 0 < one_run["prepare_seconds"] and 0 < one_run["advance_seconds"]
+    assert one_run["prepare_seconds"] + one_run["advance_seconds"] < one_run["decoding_host_seconds"]
     assert "- one more run, by part:" in markdown
