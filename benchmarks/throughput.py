@@ -9,8 +9,9 @@ hf_naive, spinf_fp8 (--skip any but spinf_bf16).
          (benchmarks/prefix_batched.py), its fastest point in the table
       4. checks: spinf alone-vs-packed bit identity, agreement with hf_prefix, fp8 drift vs bf16
       5. benchmarks/results/throughput-<model>-<workload>[-slots][-sweeps][-<tag>].json + .md (the
-         commit inside; benchmarks/throughput_report.py); with --profile, per-op tables
-         profile-<model>-<workload>[-fp8].txt
+         commit inside; benchmarks/throughput_report.py); with --profile, per-op tables in
+         profile-<model>-<workload>.txt, a section per system (spinf_bf16, the decoding of
+         spinf_bf16_slots, spinf_fp8), each naming its commit
     --device cpu --model tiny-gemma3_text: the same code path in fp32 on a CPU, in minutes
         (tests/benchmarks/test_throughput_cpu.py), e.g. before a GPU run
 
@@ -144,9 +145,26 @@ def run_spinf(engine, requests, repeats: int) -> tuple[dict, list, list]:
     return stats, output.results, compiled
 
 
-def profile_pass(engine, compiled, result: dict, system: str, variant: str = "") -> str:
-    """Per-op GPU time of one score_batch (torch profiler), as a table in
-    profile-<model>-<workload>[-fp8].txt."""
+SECTION = "### "  # a profile file's section header: "### <system>"
+
+
+def write_profile(result: dict, system: str, text: str) -> None:
+    """`system`'s section of profile-<model>-<workload>.txt replaced by `text` (its first line
+    names what was profiled and the commit); the other systems' sections are kept as they are."""
+    path = result_path("profile", result["model"], result["workload"], suffix=".txt")
+    sections = {}
+    if path.is_file():
+        for part in path.read_text().split("\n" + SECTION)[1:]:
+            name, _, body = part.partition("\n")
+            sections[name] = body
+    sections[system] = text
+    path.write_text("Per-op GPU time (torch profiler) of benchmarks/throughput.py --profile, one section per system.\n"
+                    + "".join(f"\n{SECTION}{name}\n{body.rstrip()}\n" for name, body in sections.items()))
+
+
+def profile_pass(engine, compiled, result: dict, system: str) -> str:
+    """Per-op GPU time of one score_batch (torch profiler), as `system`'s section of
+    profile-<model>-<workload>.txt."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -155,14 +173,14 @@ def profile_pass(engine, compiled, result: dict, system: str, variant: str = "")
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     head = (f"{system}: one score_batch of {result['workload']} ({result['num_texts']} texts) on random-weight"
             f" {result['model']}, {result['gpu']}; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
-    result_path("profile", result["model"], result["workload"], variant, suffix=".txt").write_text(head + table)
+    write_profile(result, system, head + table)
     return table
 
 
 def profile_slots(engine, workload, args, result: dict) -> str:
     """Per-op GPU time of the decoding of one run with the slots (the profiler runs around
     Extraction.run only; decoding passes launched eagerly, each kernel under its op: a replayed
-    graph runs the same kernels), in profile-<model>-<workload>-slots.txt."""
+    graph runs the same kernels), as the spinf_bf16_slots section of profile-<model>-<workload>.txt."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.extraction.decoding import Extraction
@@ -189,7 +207,7 @@ def profile_slots(engine, workload, args, result: dict) -> str:
     head = (f"spinf_bf16_slots: the decoding of one score_batch of {result['workload']} ({result['num_texts']} texts,"
             f" {len(slot_queries)} slots each) on random-weight {result['model']}, {result['gpu']}; decoding passes"
             f" eager, {seconds:.3f} s under the profiler; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
-    result_path("profile", result["model"], result["workload"], "slots", suffix=".txt").write_text(head + table)
+    write_profile(result, "spinf_bf16_slots", head + table)
     return table
 
 
@@ -387,7 +405,7 @@ def run_fp8(result: dict, hf, tokenizer, requests, bf16_results, args, params: i
         print("  fp8 timeline", brief(row["timeline"]), flush=True)
     row["batch_invariant"] = check_invariance(engine8, compiled8, fp8_results)
     if args.profile:
-        print(profile_pass(engine8, compiled8, result, "spinf_fp8", "fp8"), flush=True)
+        print(profile_pass(engine8, compiled8, result, "spinf_fp8"), flush=True)
     result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
     print("spinf_fp8", _brief(row), result["fp8_vs_bf16_drift"], flush=True)
 
