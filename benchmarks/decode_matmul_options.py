@@ -10,6 +10,9 @@ candidate config (CUDA events, median) beside cuBLAS and the time to stream the 
 at the copy bandwidth measured in the same run, and says whether the config's output is
 bit-identical to the scoring config's (the same K loop per element: a config that is may be
 chosen by row count without changing any row's bits; tests/engine/kernels/ guard the one chosen).
+Beside them the split-K kernel decoding passes use (engine/kernels/matmul_split_k.py): each
+candidate (tiles, parts) timed and checked batch-invariant (a slice of rows alone gives the
+bits it has in the full product), `decoding_config`'s own choice marked.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_bench import bench  # noqa: E402
 from result_files import new_result, write_pair  # noqa: E402
 
-from engine.kernels import matmul  # noqa: E402
+from engine.kernels import matmul, matmul_split_k  # noqa: E402
 
 SHAPES = {"qkv": (8192, 3840), "o": (3840, 4096), "gate_up": (30720, 3840), "down": (3840, 15360)}  # name: (N, K)
 CONFIGS = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages); the first is the scoring passes'
@@ -38,6 +41,17 @@ CONFIGS = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages); the 
     (64, 64, 128, 8, 4, 6),
     (64, 32, 128, 8, 4, 6),
     (64, 32, 256, 8, 4, 4),
+]
+
+SPLIT_K = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages, parts)
+    (64, 128, 64, 8, 4, 4, 2),
+    (64, 128, 64, 8, 4, 4, 4),
+    (64, 128, 64, 8, 4, 4, 8),
+    (64, 64, 128, 8, 4, 4, 4),
+    (128, 128, 64, 8, 8, 3, 2),
+    (128, 128, 64, 8, 8, 3, 4),
+    (128, 256, 64, 16, 8, 3, 2),
+    (128, 256, 64, 16, 8, 3, 4),
 ]
 
 
@@ -67,8 +81,33 @@ def rows_for(num_rows: int, gbps: float) -> list[dict]:
                 row["configs"][str(config)] = {"us": seconds * 1e6, "bits_equal_scoring": same}
             except Exception as error:  # report and go on: one config that does not build must not hide the rest
                 row["configs"][str(config)] = {"error": repr(error)[:200]}
+        row["split_k"] = split_k_timings(x, w)
         out.append(row)
     return out
+
+
+def split_k_timings(x: torch.Tensor, w: torch.Tensor) -> dict:
+    """Each SPLIT_K candidate (and decoding_config's choice) on this product: µs and whether
+    rows 3..9 alone and row 0 alone keep the bits they have in the full product."""
+    chosen = matmul_split_k.decoding_config(w.shape[0], w.shape[1])
+    chosen_key = (*(getattr(chosen.tiles, f) for f in ("block_m", "block_n", "block_k", "group_m", "num_warps",
+                                                       "num_stages")), chosen.num_parts)
+    timings = {}
+    for candidate in dict.fromkeys([*SPLIT_K, chosen_key]):
+        config = matmul_split_k.SplitKConfig(matmul.TileConfig(*candidate[:6]), candidate[6])
+        if x.shape[1] % (config.tiles.block_k * config.num_parts):
+            timings[str(candidate)] = {"error": "K is not a multiple of block_k x parts"}
+            continue
+        try:
+            seconds = bench(lambda c=config: matmul_split_k.matmul_split_k(x, w, config=c))
+            full = matmul_split_k.matmul_split_k(x, w, config=config)
+            invariant = all(torch.equal(matmul_split_k.matmul_split_k(x[a:b], w, config=config), full[a:b])
+                            for a, b in ((3, 10), (0, 1)))
+            timings[str(candidate)] = {"us": seconds * 1e6, "batch_invariant": invariant,
+                                       "chosen": candidate == chosen_key}
+        except Exception as error:  # report and go on
+            timings[str(candidate)] = {"error": repr(error)[:200]}
+    return timings
 
 
 def markdown(result: dict) -> str:
@@ -84,6 +123,19 @@ def markdown(result: dict) -> str:
         for config in result["configs"]:
             entry = row["configs"][config]
             cells.append("error" if "error" in entry else f"{entry['us']:.0f} {'=' if entry['bits_equal_scoring'] else '≠'}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Split-K (engine/kernels/matmul_split_k.py), config = (block_m, block_n, block_k, group_m, num_warps, "
+              "num_stages, parts); µs per call; `i` batch-invariant (rows alone keep their bits), `✗` not; "
+              "`*` decoding_config's choice for the shape.", ""]
+    candidates = list(dict.fromkeys(key for row in result["rows"] for key in row["split_k"]))
+    header = ["rows", "shape", "weight once", "cuBLAS", *candidates]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in result["rows"]:
+        cells = [str(row["rows"]), row["shape"], f"{row['weight_stream_us']:.0f}", f"{row['cublas_us']:.0f}"]
+        for key in candidates:
+            entry = row["split_k"].get(key, {"error": "-"})
+            cells.append("—" if "error" in entry else
+                         f"{entry['us']:.0f} {'i' if entry['batch_invariant'] else '✗'}{'*' if entry['chosen'] else ''}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -9,7 +9,8 @@ of the slots in scoring-token equivalents (tokens fed to the model for slots, pe
 read for the option queries). Time the two phases apart with the runner's `run` / `decode`.
 `run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
 of them and each kind alone (search, generate); on CUDA also with eager decoding (no CUDA
-graphs) and with the layout packed again at half held (`compact_at_half_row`) in the same run,
+graphs), with the decoding projections on the scoring passes' matmul (`scoring_matmul_row`) and
+with the layout packed again at half held (`compact_at_half_row`) in the same run,
 and one more run by part (`decode_breakdown`).
 """
 
@@ -71,6 +72,8 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                       for kind, chosen in slot_kinds(slot_queries).items()}
     if engine.runner.use_decode_graphs:
         row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
+        row["scoring_matmul_decode"] = scoring_matmul_row(run_spinf, engine, requests, args.repeats, bf16_row,
+                                                          num_slot_answers)
         row["compact_at_half_held"] = compact_at_half_row(run_spinf, engine, requests, args.repeats, bf16_row,
                                                           num_slot_answers)
     return row
@@ -83,26 +86,43 @@ def compact_at_half_row(run_spinf, engine, requests: list[ScoringRequest], repea
     fewer rows and entries per pass after slots finish, for a new capture each time."""
     from engine.extraction import decoding
 
+    def compact_at_half(on: bool) -> None:
+        decoding.HELD_ROWS_WORTH_COMPACTING = 0 if on else kept
+
     kept = decoding.HELD_ROWS_WORTH_COMPACTING
-    decoding.HELD_ROWS_WORTH_COMPACTING = 0
-    try:
-        stats, _, _ = run_spinf(engine, requests, repeats)
-    finally:
-        decoding.HELD_ROWS_WORTH_COMPACTING = kept
-    extra = stats["seconds"] - bf16_row["seconds"]
-    return {"seconds": stats["seconds"], "slot_extra_seconds": extra, "held_rows_worth_compacting": 0,
-            "slot_scoring_token_equivalents_per_answer": extra * bf16_row["tokens_per_s"] / num_slot_answers}
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, compact_at_half) | {
+        "held_rows_worth_compacting": 0}
 
 
 def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
                      num_slot_answers: int) -> dict:
     """The same requests with every decoding pass launched kernel by kernel (no CUDA graphs:
     engine/pipeline/decode_graphs.py), the baseline of the graphs in the same run."""
-    engine.runner.use_decode_graphs = False
+    def eager(on: bool) -> None:
+        engine.runner.use_decode_graphs = not on
+
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, eager)
+
+
+def scoring_matmul_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                       num_slot_answers: int) -> dict:
+    """The same requests with the decoding passes' projections on the scoring passes' matmul
+    (engine/kernels/matmul.py) instead of the split-K one (engine/kernels/matmul_split_k.py)."""
+    def scoring_matmul(on: bool) -> None:
+        engine.runner.use_split_k_decoding = not on
+
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, scoring_matmul)
+
+
+def variant_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                num_slot_answers: int, switch) -> dict:
+    """The requests run with `switch(True)` in effect (then `switch(False)`): seconds, extra
+    seconds over spinf_bf16 and scoring-token equivalents per slot answer."""
+    switch(True)
     try:
         stats, _, _ = run_spinf(engine, requests, repeats)
     finally:
-        engine.runner.use_decode_graphs = True
+        switch(False)
     extra = stats["seconds"] - bf16_row["seconds"]
     return {"seconds": stats["seconds"], "slot_extra_seconds": extra,
             "slot_scoring_token_equivalents_per_answer": extra * bf16_row["tokens_per_s"] / num_slot_answers}

@@ -8,21 +8,41 @@ matmul per ROW_CHUNK rows, so a row's result depends only on that row.
 On CUDA the same holds through fixed-tile Triton kernels (engine/kernels/): `linear` runs
 the persistent bf16 matmul (or the fp8 one for an `Fp8Weight`), `rms_norm` one program per
 row; neither depends on the number of rows, so there is no chunk loop there.
+Decoding passes (few rows) run their bf16 projections inside `decoding_matmuls()`: the
+split-K matmul (engine/kernels/matmul_split_k.py), invariant by the same argument, with
+other bits than the scoring passes' kernel (a row is decoded only in decoding passes).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 
 from engine.kernels import add_rms_norm as add_rms_norm_kernels
-from engine.kernels import fp8_matmul, gated_act, matmul
+from engine.kernels import fp8_matmul, gated_act, matmul, matmul_split_k
 from engine.kernels import rms_norm as rms_norm_kernels
 from engine.kernels.fp8_matmul import Fp8Rows, Fp8Weight
 from engine.kernels.int8_weight import Int8Weight
 
 ROW_CHUNK = 64  # rows per fixed-shape matmul; the packer aligns contents to it
 SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tree's scored rows to it
+
+_DECODING_MATMULS = ContextVar("decoding_matmuls", default=False)
+
+
+@contextmanager
+def decoding_matmuls(enabled: bool = True) -> Iterator[None]:
+    """Inside: `linear`'s bf16-output products on CUDA use the split-K decoding kernel (the
+    passes of engine/extraction; a CUDA graph captured inside keeps it). CPU: no effect."""
+    token = _DECODING_MATMULS.set(enabled)
+    try:
+        yield
+    finally:
+        _DECODING_MATMULS.reset(token)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -58,6 +78,8 @@ def linear(
         if isinstance(weight, Fp8Weight):
             y = fp8_matmul.fp8_linear(x, weight, bias, out=out)
             return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
+        if _DECODING_MATMULS.get() and out_dtype in (None, x.dtype):
+            return matmul_split_k.matmul_split_k(x, weight, bias, out=out)
         return matmul.matmul(x, weight, bias, out_dtype=out_dtype, out=out)
     num_rows = x.shape[0]
     if num_rows % row_chunk:

@@ -27,7 +27,7 @@ import torch
 from engine.kernels.logprobs import option_logprobs, row_logsumexp
 from engine.layers.attention import AttentionMetadata
 from engine.layers.decode_attention import DecodeMetadata
-from engine.layers.ops import SCORE_CHUNK, to_device
+from engine.layers.ops import SCORE_CHUNK, decoding_matmuls, to_device
 from engine.pipeline.decode_graphs import DecodeGraphs, device_inputs
 from engine.pipeline.launch_clock import LaunchClock
 from engine.pipeline.stages import PackedBatch, RunnerOutput
@@ -86,6 +86,8 @@ class ModelRunner:
         self.num_passes = 0
         # decoding runs keep their passes' shapes and replay them as CUDA graphs (None: on CUDA)
         self.use_decode_graphs = device.type == "cuda" if use_decode_graphs is None else use_decode_graphs
+        # decoding passes' bf16 projections through the split-K kernel (False: the scoring passes' kernel)
+        self.use_split_k_decoding = True
 
     def run_all(
         self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None,
@@ -181,7 +183,8 @@ class ModelRunner:
     def _decode_logprobs(self, input_ids: torch.Tensor, positions: torch.Tensor, decode: DecodeMetadata,
                          scored_index: torch.Tensor) -> torch.Tensor:
         """Device inputs of a decoding pass -> [S, V] float32 log-probs (no host sync: a CUDA graph captures it)."""
-        logits = self.model(input_ids, positions, AttentionMetadata(spans=[], decode=decode), scored_index)  # [S, V]
+        with decoding_matmuls(self.use_split_k_decoding):
+            logits = self.model(input_ids, positions, AttentionMetadata(spans=[], decode=decode), scored_index)  # [S, V]
         return chunked_log_softmax(logits, out=logits)  # in place: no second [S, V]
 
     def prepare_attention(self, meta: AttentionMetadata) -> AttentionMetadata:

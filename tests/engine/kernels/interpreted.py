@@ -156,6 +156,35 @@ def check_quantizing_norms() -> None:
         assert rows.dtype == dtype and same_rows(rows, quantize_rows(rms_norm(x, *norm)))
         assert same_rows(rms_norm(x[2:5], *norm, quantize=True), (rows.xq[2:5], rows.scale[2:5]))
 
+def check_matmul_split_k() -> None:
+    """fp32 in and out (the interpreter's bf16 rounding truncates): each parts count against
+    the parts summed in order by torch, a bias added once, rows alone keep their bits, `out=`."""
+    import torch
+    from kernel_inputs import fresh
+
+    from engine.kernels.matmul import TileConfig
+    from engine.kernels.matmul_split_k import SplitKConfig, matmul_split_k, matmul_split_k_reference
+
+    tiles = TileConfig(block_m=16, block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2)
+    x, w = fresh((37, 128), dtype=torch.float32, seed=1), fresh((72, 128), dtype=torch.float32, seed=2, scale=0.1)
+    bias = fresh((72,), dtype=torch.float32, seed=3)
+    for parts in (1, 2, 4, 8):
+        config = SplitKConfig(tiles, parts)
+        for b in (None, bias):
+            full = matmul_split_k(x, w, b, config)
+            torch.testing.assert_close(full, matmul_split_k_reference(x, w, b, parts), rtol=1e-5, atol=1e-5)
+            for start, stop in ((0, 1), (3, 20), (5, 37)):
+                assert torch.equal(matmul_split_k(x[start:stop], w, b, config), full[start:stop]), (parts, start, stop)
+        out = torch.full((37, 72), float("nan"))
+        assert matmul_split_k(x, w, bias, config, out=out) is out and torch.equal(out, matmul_split_k(x, w, bias, config))
+    try:
+        matmul_split_k(x, w, config=SplitKConfig(tiles, 16))  # 128 columns in 16 parts: not a multiple of block_k
+    except ValueError as error:
+        assert "multiple" in str(error)
+    else:
+        raise AssertionError("a K that the parts cannot cut into whole blocks must be refused")
+
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run through run_interpreted (TRITON_INTERPRET=1)")
