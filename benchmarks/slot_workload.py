@@ -68,6 +68,9 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
     graphs = [g for g in made if g is not None]
     row["decoding_passes_per_run"] = {kind: sum(getattr(g, f"num_{kind}") for g in graphs) / len(made)
                                       for kind in ("eager", "captured", "replayed")} if graphs else None
+    if graphs:  # host seconds per run launching eager passes and capturing graphs
+        row["decoding_passes_per_run"] |= {f"{kind}_seconds": sum(getattr(g, f"{kind}_seconds") for g in graphs) / len(made)
+                                           for kind in ("eager", "capture")}
     row["by_kind"] = {kind: slot_kind_row(run_spinf, engine, plain, chosen, args.repeats, bf16_row)
                       for kind, chosen in slot_kinds(slot_queries).items()}
     if engine.runner.use_decode_graphs:

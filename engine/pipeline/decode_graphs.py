@@ -21,6 +21,7 @@ device, and a graph would keep its [S, V] log-probs for the whole run).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -94,6 +95,8 @@ class DecodeGraphs:
     num_captured: int = 0
     num_replayed: int = 0  # passes run as a replay (a captured pass's included)
     capture_error: str | None = None  # why a capture failed (the run's later passes are eager)
+    eager_seconds: float = 0.0  # host time launching the eager passes (the device runs them meanwhile)
+    capture_seconds: float = 0.0  # host time capturing (the device idles unless work is queued)
 
     def logprobs(self, batch: DecodeBatch, forward: DecodeForward) -> torch.Tensor:
         """[S, V] log-probs of the batch's pass on the device: replayed, captured or eager."""
@@ -101,17 +104,21 @@ class DecodeGraphs:
         if shape in self.graphs:
             return self._replay(self.graphs[shape], batch)
         if self.capture and shape in self.seen and batch.scored_index.shape[0] <= self.max_rows:
+            began = time.perf_counter()
             try:
                 self.graphs[shape] = self._capture(batch, forward, self.seen[shape])
             except RuntimeError as error:  # an op that cannot be captured: this run goes on eagerly
                 self.capture, self.capture_error = False, f"{type(error).__name__}: {error}"
                 logger.warning("decoding passes run eagerly: capturing a CUDA graph failed (%s)", self.capture_error)
             else:
+                self.capture_seconds += time.perf_counter() - began
                 return self._replay(self.graphs[shape], batch)
+        began = time.perf_counter()
         input_ids, positions, scored_index = device_inputs(batch, self.device)
         out = forward(input_ids, positions, batch.decode, scored_index)
         self.seen[shape] = [group.mask_keys() for group in batch.decode.groups]
         self.num_eager += 1
+        self.eager_seconds += time.perf_counter() - began
         return out
 
     def new_layout(self) -> None:
