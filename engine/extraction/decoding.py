@@ -170,6 +170,8 @@ def _decode(jobs: list[SlotJob], runner: ModelRunner, max_num_rows: int, vocab: 
     try:
         while live := [job for job in jobs if not job.state.is_done]:
             if graphs is None or _wants_new_layout(layout, live, max_num_rows, graphs.max_rows):
+                if graphs is not None and layout:  # the finished slots' entries freed, the live ones side by side
+                    store.pack_front([job.kv for job in live])
                 layout = _groups(live, max_num_rows)
                 if graphs is not None:
                     graphs.new_layout()

@@ -12,6 +12,9 @@
             (arena, rows per slot): host index tensors and masks, built once per pass
         decode_attention, per layer and group: the new rows' K/V are written into their slots'
             entries in place, then ONE SDPA over the group's entries [B, Hkv, C, d]
+    new layout (decode graphs: engine/extraction/decoding.py): KVStore.pack_front moves the
+        live slots to the front of their arenas (one copy per layer), so the passes after it
+        attend over their entries only, not over the range the finished ones left
 
 So a content is read once, a slot's rows are never re-copied per step, and a pass runs one
 SDPA per layer for each (capacity, rows) pair present (a few, not one per slot).
@@ -135,6 +138,28 @@ class KVArena:
             kv.arena, kv.entry, kv.keys, kv.values = self, entry, [], []
             self.owners[entry] = kv
 
+    def pack_front(self, kvs: list[SlotKV]) -> None:
+        """Every other entry freed, `kvs` (in this arena) moved to entries 0, 1, ... in their
+        order: one gather and one copy per layer. The attention of a later pass over them then
+        covers len(kvs) entries, not the range they were scattered over."""
+        kept = {id(kv) for kv in kvs}
+        for owner in self.owners:
+            if owner is not None and id(owner) not in kept:
+                owner.arena, owner.entry = None, -1  # freed: its K/V is no longer read
+        moves = [(kv.entry, new) for new, kv in enumerate(kvs)]
+        self.owners = [None] * len(self.owners)
+        for (_, new), kv in zip(moves, kvs, strict=True):
+            kv.entry, self.owners[new] = new, kv
+        moves = [(old, new) for old, new in moves if old != new]
+        if not moves:
+            return
+        device = self.keys[0].device
+        src = to_device(torch.tensor([old for old, _ in moves]), device)
+        dst = to_device(torch.tensor([new for _, new in moves]), device)
+        for tensors in (self.keys, self.values):
+            for layer in tensors:
+                layer.index_copy_(0, dst, layer.index_select(0, src))  # gathered first: overlapping moves are safe
+
     def _grow(self, num_missing: int) -> list[int]:
         """At least `num_missing` new entries, at least doubling the arena: each growth copies
         every layer's keys and values, so growing by what is missing alone would copy the
@@ -179,6 +204,15 @@ class KVStore:
             if capacity not in self.arenas:
                 self.arenas[capacity] = KVArena.like(capacity, movers[0])
             self.arenas[capacity].add(movers)
+
+    def pack_front(self, kvs: list[SlotKV]) -> None:
+        """Each arena's entries reduced to the given slots' (the others freed), moved to its front."""
+        by_arena: dict[int, list[SlotKV]] = {id(arena): [] for arena in self.arenas.values()}
+        for kv in kvs:
+            if kv.arena is not None:
+                by_arena[id(kv.arena)].append(kv)
+        for arena in self.arenas.values():
+            arena.pack_front(sorted(by_arena[id(arena)], key=lambda kv: kv.entry))
 
     @staticmethod
     def release(kv: SlotKV) -> None:

@@ -95,6 +95,31 @@ def test_held_layout_gives_the_bits_of_the_compact_one(tiny_engine, monkeypatch,
     assert len(shapes) - len(set(shapes)) >= len(shapes) // 2, "passes seldom had a shape seen before"
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_layouts_packed_again_to_the_arena_front_give_the_same_bits(tiny_engine, monkeypatch, family):
+    """Decode graphs on, a new layout as soon as half the rows are held: the live slots' K/V
+    moves to the front of its arena each time (KVStore.pack_front), and every answer, p,
+    residual and floor is bit-identical to decoding without graphs."""
+    from engine.extraction import decoding
+
+    requests = _others()[:3] + [_request(TARGET, QUERIES)] + _others()[3:]
+    eager = [r.model_dump() for r in tiny_engine(family).score_requests(requests).results]
+    monkeypatch.setattr(decoding, "HELD_ROWS_WORTH_COMPACTING", 0)
+    moved = []
+    pack_front = kv_cache.KVArena.pack_front
+
+    def noting(self, kvs):
+        moved.append(sum(new != kv.entry for new, kv in enumerate(kvs)))
+        return pack_front(self, kvs)
+
+    monkeypatch.setattr(kv_cache.KVArena, "pack_front", noting)
+    packed = [r.model_dump() for r in tiny_engine(family, decode_graphs=True).score_requests(requests).results]
+    for response in packed + eager:
+        response["usage"] = response["usage"]["slot_tokens"]
+    assert packed == eager
+    assert sum(moved) > 0, "no layout moved a slot to the front of its arena"
+
+
 def test_capacity_depends_only_on_the_rows_and_bounds_the_padding():
     capacities = [capacity_for(n) for n in range(1, 5000)]
     assert capacities[:64] == [64] * 64
@@ -200,3 +225,26 @@ def test_an_arena_that_grows_keeps_the_rows_it_holds():
     for out, reference in _attend(store, first + more + last, [2, 2, 1, 1, 1, 1], 3):
         assert torch.allclose(out, reference, atol=1e-5)
     assert last[0].arena is arena and len(arena.owners) >= 2 * full
+
+
+def test_packing_an_arena_to_its_front_keeps_each_slots_rows_and_outputs():
+    """pack_front: the slots kept move to entries 0, 1, ... (their rows bit for bit: _attend
+    compares the arena with the test's own copy), the others are detached; a pass after it
+    gives a kept slot the output it has in an arena that was never packed."""
+    never_packed, target_alone = kv_cache.KVStore(), _slot(30, 4)
+    for step in range(2):
+        expected = _attend(never_packed, [target_alone], [2], step)[0][0]
+
+    store = kv_cache.KVStore()
+    slots = [_slot(20, 1), _slot(40, 2), _slot(25, 3), _slot(30, 4), _slot(10, 5)]
+    _attend(store, slots, [2, 2, 1, 2, 1], 0)
+    arena = slots[3].arena
+    assert all(kv.arena is arena for kv in slots) and slots[3].entry == 3
+    store.pack_front([slots[3], slots[1]])
+    assert (slots[1].entry, slots[3].entry) == (0, 1)  # by entry: 1 before 3
+    assert arena.owners[:2] == [slots[1], slots[3]] and not any(arena.owners[2:])
+    assert all(kv.arena is None and kv.entry == -1 for kv in (slots[0], slots[2], slots[4]))
+    results = _attend(store, [slots[1], slots[3]], [2, 2], 1)
+    for out, reference in results:
+        assert torch.allclose(out, reference, atol=1e-5)
+    assert torch.equal(results[1][0], expected)  # bit for bit with the slot's never-packed pass
