@@ -128,26 +128,25 @@ def _group(spans: list[DecodeSpan]) -> DecodeGroup:
     capacity = arena.capacity
     first = min(span.kv.entry for span in spans)
     num_entries = max(span.kv.entry for span in spans) + 1 - first
+    entries = torch.tensor([span.kv.entry - first for span in spans])  # [P]
+    new = torch.arange(n)
+    rows = torch.tensor([span.start for span in spans])[:, None] + new  # [P, n]
+    write_rows = (entries + first) * capacity + torch.tensor([span.first_new_row for span in spans])
     query_rows = torch.zeros(num_entries, n, dtype=torch.long)
+    query_rows[entries] = rows
     mask = torch.zeros(num_entries, n, capacity, dtype=torch.bool)
     mask[:, :, 0] = True  # entries not in the pass: a dummy query that sees one (finite) key
+    mask[entries, :, 0] = False
     positions = torch.zeros(num_entries, n, dtype=torch.long)
+    positions[entries] = torch.stack([span.positions for span in spans])
     key_positions = torch.zeros(num_entries, capacity, dtype=torch.long)
-    rows, write_rows, out_rows = [], [], []
-    for span in spans:
-        entry, first_new = span.kv.entry - first, span.first_new_row
-        new = torch.arange(n)
-        query_rows[entry] = span.start + new
-        mask[entry] = False
-        mask[entry, :, : first_new + n] = span.mask
-        positions[entry] = span.positions
+    for entry, span in zip(entries.tolist(), spans):
+        mask[entry, :, : span.first_new_row + n] = span.mask
         if span.num_real:  # a held span's rows see only themselves: key positions stay 0, as theirs
-            key_positions[entry, : first_new + n] = torch.cat((span.kv.positions, span.positions))
-        rows.append(span.start + new)
-        write_rows.append(span.kv.entry * capacity + first_new + new)
-        out_rows.append(entry * n + new)
-    return DecodeGroup(arena, first, num_entries, n, query_rows.flatten(), torch.cat(rows), torch.cat(write_rows),
-                       torch.cat(out_rows), mask, positions, key_positions)
+            key_positions[entry, : span.first_new_row + n] = torch.cat((span.kv.positions, span.positions))
+    return DecodeGroup(arena, first, num_entries, n, query_rows.flatten(), rows.flatten(),
+                       (write_rows[:, None] + new).flatten(), (entries[:, None] * n + new).flatten(), mask, positions,
+                       key_positions)
 
 
 def decode_attention(
@@ -197,11 +196,11 @@ def decode_mask(kv: SlotKV, hypothesis_rows: list[list[int]], num_rows: int) -> 
     itself; a padding row only itself."""
     num_kept = kv.num_rows
     mask = torch.zeros(num_rows, num_kept + num_rows, dtype=torch.bool)
-    for row, own in enumerate(hypothesis_rows):
-        mask[row, : kv.num_prompt_rows] = True
-        mask[row, own] = True
-    index = torch.arange(num_rows)
-    mask[index, num_kept + index] = True
+    mask[: len(hypothesis_rows), : kv.num_prompt_rows] = True
+    rows = [row for row, own in enumerate(hypothesis_rows) for _ in own]
+    if rows:  # one scatter for every hypothesis's decoded rows
+        mask[rows, [col for own in hypothesis_rows for col in own]] = True
+    mask[:, num_kept:].fill_diagonal_(True)
     return mask
 
 
