@@ -9,7 +9,7 @@ of the slots in scoring-token equivalents (tokens fed to the model for slots, pe
 read for the option queries). Time the two phases apart with the runner's `run` / `decode`.
 `run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
 of them and each kind alone (search, generate); on CUDA also with eager decoding (no CUDA
-graphs), with the decoding projections on the scoring passes' matmul (`scoring_matmul_row`) and
+graphs), with the decoding projections on the split-K matmul (`split_k_row`) and
 with the layout packed again at half held (`compact_at_half_row`) in the same run,
 and one more run by part (`decode_breakdown`).
 """
@@ -75,8 +75,7 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                       for kind, chosen in slot_kinds(slot_queries).items()}
     if engine.runner.use_decode_graphs:
         row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
-        row["scoring_matmul_decode"] = scoring_matmul_row(run_spinf, engine, requests, args.repeats, bf16_row,
-                                                          num_slot_answers)
+        row["split_k_decode"] = split_k_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
         row["compact_at_half_held"] = compact_at_half_row(run_spinf, engine, requests, args.repeats, bf16_row,
                                                           num_slot_answers)
     return row
@@ -107,14 +106,14 @@ def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats:
     return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, eager)
 
 
-def scoring_matmul_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
-                       num_slot_answers: int) -> dict:
-    """The same requests with the decoding passes' projections on the scoring passes' matmul
-    (engine/kernels/matmul.py) instead of the split-K one (engine/kernels/matmul_split_k.py)."""
-    def scoring_matmul(on: bool) -> None:
-        engine.runner.use_split_k_decoding = not on
+def split_k_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                num_slot_answers: int) -> dict:
+    """The same requests with the decoding passes' projections on the split-K matmul
+    (engine/kernels/matmul_split_k.py) instead of the scoring passes' one (engine/kernels/matmul.py)."""
+    def split_k(on: bool) -> None:
+        engine.runner.use_split_k_decoding = on
 
-    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, scoring_matmul)
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, split_k)
 
 
 def variant_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,

@@ -127,11 +127,11 @@ def _host_lines(result: dict) -> list[str]:
             lines.append(f"\n- the same slots with every decoding pass launched kernel by kernel (no CUDA graphs):"
                          f" +{eager['slot_extra_seconds']:.3f} s ="
                          f" {eager['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
-        if "scoring_matmul_decode" in row:
-            scoring = row["scoring_matmul_decode"]
-            lines.append(f"\n- the same slots with the decoding passes' projections on the scoring passes' matmul"
-                         f" (no split-K): +{scoring['slot_extra_seconds']:.3f} s ="
-                         f" {scoring['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+        if "split_k_decode" in row:
+            split_k = row["split_k_decode"]
+            lines.append(f"\n- the same slots with the decoding passes' projections on the split-K matmul"
+                         f" (engine/kernels/matmul_split_k.py): +{split_k['slot_extra_seconds']:.3f} s ="
+                         f" {split_k['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
         if "compact_at_half_held" in row:
             compact = row["compact_at_half_held"]
             lines.append(f"\n- the same slots with the decoding layout packed again as soon as half its rows are held"

@@ -86,8 +86,9 @@ class ModelRunner:
         self.num_passes = 0
         # decoding runs keep their passes' shapes and replay them as CUDA graphs (None: on CUDA)
         self.use_decode_graphs = device.type == "cuda" if use_decode_graphs is None else use_decode_graphs
-        # decoding passes' bf16 projections through the split-K kernel (False: the scoring passes' kernel)
-        self.use_split_k_decoding = True
+        # decoding passes' bf16 projections through the split-K kernel (engine/kernels/matmul_split_k.py)
+        # instead of the scoring passes' one: off, it measured slower end to end (docs/extraction.md, Cost)
+        self.use_split_k_decoding = False
 
     def run_all(
         self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None,
