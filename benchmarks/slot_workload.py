@@ -88,10 +88,11 @@ def compact_at_half_row(run_spinf, engine, requests: list[ScoringRequest], repea
     fewer rows and entries per pass after slots finish, for a new capture each time."""
     from engine.extraction import decoding
 
+    kept = decoding.HELD_ROWS_WORTH_COMPACTING
+
     def compact_at_half(on: bool) -> None:
         decoding.HELD_ROWS_WORTH_COMPACTING = 0 if on else kept
 
-    kept = decoding.HELD_ROWS_WORTH_COMPACTING
     return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, compact_at_half) | {
         "held_rows_worth_compacting": 0}
 

@@ -111,8 +111,9 @@ def _host_lines(result: dict) -> list[str]:
             counts = row["decoding_passes_per_run"]
             lines.append(f"\n- decoding passes per run (CUDA graphs, engine/pipeline/decode_graphs.py): {counts['eager']:g} eager,"
                          f" {counts['replayed']:g} replayed ({counts['captured']:g} captured)"
-                         + (f"; host time per run launching the eager ones {counts['eager_seconds']:.3f} s,"
-                            f" capturing {counts['capture_seconds']:.3f} s" if "eager_seconds" in counts else ""))
+                         + (f"; host time per run launching the eager ones (waits behind a full launch queue"
+                            f" included) {counts['eager_seconds']:.3f} s, capturing {counts['capture_seconds']:.3f} s"
+                            if "eager_seconds" in counts else ""))
         if "one_run" in row:
             part = row["one_run"]
             on_device = ("" if part["pass_device_seconds"] is None else

@@ -95,7 +95,7 @@ class DecodeGraphs:
     num_captured: int = 0
     num_replayed: int = 0  # passes run as a replay (a captured pass's included)
     capture_error: str | None = None  # why a capture failed (the run's later passes are eager)
-    eager_seconds: float = 0.0  # host time launching the eager passes (the device runs them meanwhile)
+    eager_seconds: float = 0.0  # host time launching the eager passes (with any wait for a full launch queue)
     capture_seconds: float = 0.0  # host time capturing (the device idles unless work is queued)
 
     def logprobs(self, batch: DecodeBatch, forward: DecodeForward) -> torch.Tensor:
