@@ -9,7 +9,7 @@ hf_naive, spinf_fp8 (--skip any but spinf_bf16).
          (benchmarks/prefix_batched.py), its fastest point in the table
       4. checks: spinf alone-vs-packed bit identity, agreement with hf_prefix, fp8 drift vs bf16
       5. benchmarks/results/throughput-<model>-<workload>[-slots][-sweeps][-<tag>].json + .md (the
-         commit inside; benchmarks/throughput_report.py); with --profile, per-op tables in
+         commit inside; benchmarks/throughput_report.py); with --profile, per-op tables (op_profiles.py) in
          profile-<model>-<workload>.txt, a section per system (spinf_bf16, the decoding of
          spinf_bf16_slots, spinf_fp8), each naming its commit
     --device cpu --model tiny-gemma3_text: the same code path in fp32 on a CPU, in minutes
@@ -43,8 +43,9 @@ import random_models  # noqa: E402
 import result_files  # noqa: E402
 from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
-from result_files import git_commit, result_path  # noqa: E402
-from slot_workload import load_slot_queries, run_slots, with_slots  # noqa: E402
+from op_profiles import profile_pass, profile_slots  # noqa: E402
+from result_files import git_commit  # noqa: E402
+from slot_workload import run_slots  # noqa: E402
 from throughput_report import speedups, write_result  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -143,72 +144,6 @@ def run_spinf(engine, requests, repeats: int) -> tuple[dict, list, list]:
              "peak_gpu_gib": peak_memory_gib()}
     stats["seconds_with_tokenize"] = seconds + stats["tokenize_seconds"]
     return stats, output.results, compiled
-
-
-SECTION = "### "  # a profile file's section header: "### <system>"
-
-
-def write_profile(result: dict, system: str, text: str) -> None:
-    """`system`'s section of profile-<model>-<workload>.txt replaced by `text` (its first line
-    names what was profiled and the commit); the other systems' sections are kept as they are."""
-    path = result_path("profile", result["model"], result["workload"], suffix=".txt")
-    sections = {}
-    if path.is_file():
-        for part in path.read_text().split("\n" + SECTION)[1:]:
-            name, _, body = part.partition("\n")
-            sections[name] = body
-    sections[system] = text
-    path.write_text("Per-op GPU time (torch profiler) of benchmarks/throughput.py --profile, one section per system.\n"
-                    + "".join(f"\n{SECTION}{name}\n{body.rstrip()}\n" for name, body in sections.items()))
-
-
-def profile_pass(engine, compiled, result: dict, system: str) -> str:
-    """Per-op GPU time of one score_batch (torch profiler), as `system`'s section of
-    profile-<model>-<workload>.txt."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        engine.score_batch(compiled)
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-    head = (f"{system}: one score_batch of {result['workload']} ({result['num_texts']} texts) on random-weight"
-            f" {result['model']}, {result['gpu']}; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
-    write_profile(result, system, head + table)
-    return table
-
-
-def profile_slots(engine, workload, args, result: dict) -> str:
-    """Per-op GPU time of the decoding of one run with the slots (the profiler runs around
-    Extraction.run only; decoding passes launched eagerly, each kernel under its op: a replayed
-    graph runs the same kernels), as the spinf_bf16_slots section of profile-<model>-<workload>.txt."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from engine.extraction.decoding import Extraction
-
-    slot_queries = load_slot_queries(args.workload, args.slots)
-    plain = workload.requests(engine.model_name, args.num_texts)
-    compiled = [engine.compile(ScoringRequest.model_validate(r)) for r in with_slots(plain, slot_queries)]
-    run, profiles = Extraction.run, []
-
-    def profiled(self, runner, max_num_rows):
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            began = time.perf_counter()
-            run(self, runner, max_num_rows)
-            synchronize()
-        profiles.append((prof, time.perf_counter() - began))
-
-    engine.runner.use_decode_graphs, Extraction.run = False, profiled
-    try:
-        engine.score_batch(compiled)
-    finally:
-        engine.runner.use_decode_graphs, Extraction.run = True, run
-    prof, seconds = profiles[0]
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-    head = (f"spinf_bf16_slots: the decoding of one score_batch of {result['workload']} ({result['num_texts']} texts,"
-            f" {len(slot_queries)} slots each) on random-weight {result['model']}, {result['gpu']}; decoding passes"
-            f" eager, {seconds:.3f} s under the profiler; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
-    write_profile(result, "spinf_bf16_slots", head + table)
-    return table
 
 
 def check_invariance(engine, compiled, packed_results, indices=(0, 7)) -> bool:
