@@ -18,6 +18,7 @@ bits it has in the full product), `decoding_config`'s own choice marked.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -90,15 +91,11 @@ def split_k_timings(x: torch.Tensor, w: torch.Tensor) -> dict:
     """Each SPLIT_K candidate (and decoding_config's choice) on this product: µs and whether
     rows 3..9 alone and row 0 alone keep the bits they have in the full product."""
     chosen = matmul_split_k.decoding_config(w.shape[0], w.shape[1])
-    chosen_key = (*(getattr(chosen.tiles, f) for f in ("block_m", "block_n", "block_k", "group_m", "num_warps",
-                                                       "num_stages")), chosen.num_parts)
+    chosen_key = (*dataclasses.astuple(chosen.tiles), chosen.num_parts)
     timings = {}
     for candidate in dict.fromkeys([*SPLIT_K, chosen_key]):
         config = matmul_split_k.SplitKConfig(matmul.TileConfig(*candidate[:6]), candidate[6])
-        if x.shape[1] % (config.tiles.block_k * config.num_parts):
-            timings[str(candidate)] = {"error": "K is not a multiple of block_k x parts"}
-            continue
-        try:
+        try:  # a K the parts cannot cut into whole blocks is a ValueError, reported
             seconds = bench(lambda c=config: matmul_split_k.matmul_split_k(x, w, config=c))
             full = matmul_split_k.matmul_split_k(x, w, config=config)
             invariant = all(torch.equal(matmul_split_k.matmul_split_k(x[a:b], w, config=config), full[a:b])

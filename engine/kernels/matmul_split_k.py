@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels._triton import HAS_TRITON, jit, tl
+from engine.kernels._triton import jit, tl
 from engine.kernels.matmul import TileConfig, _tile_coords, check_operands, output_buffer, triton_cdiv
 
 DECODING_TILES = TileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
@@ -112,9 +112,7 @@ def matmul_split_k(
     `out`, a contiguous [M, N] tensor). `config` defaults to `decoding_config(N, K)`."""
     config = config or decoding_config(w.shape[0], w.shape[1])
     tiles = config.tiles
-    check_operands(x, w, tiles.block_k * config.num_parts)
-    if not HAS_TRITON:
-        raise RuntimeError("matmul_split_k: Triton is not installed")
+    check_operands(x, w, tiles.block_k * config.num_parts)  # also: Triton installed
     x, w = x.contiguous(), w.contiguous()
     num_rows, num_cols, num_inner = x.shape[0], w.shape[0], x.shape[1]
     y = output_buffer(out, num_rows, num_cols, x.dtype, x.device)
