@@ -49,7 +49,7 @@ def profile_pass(engine, compiled, result: dict, system: str) -> str:
     return table
 
 
-def profile_slots(engine, workload, args, result: dict, split_k: bool = False) -> str:
+def profile_slots(engine, workload, args, result: dict, kernel: str | None = None) -> str:
     """Per-op GPU time of the decoding of one run with the slots (the profiler runs around
     Extraction.run only; decoding passes launched eagerly, each kernel under its op: a replayed
     graph runs the same kernels), as the spinf_bf16_slots section of profile-<model>-<workload>.txt
@@ -70,17 +70,17 @@ def profile_slots(engine, workload, args, result: dict, split_k: bool = False) -
             torch.cuda.synchronize()
         profiles.append((prof, time.perf_counter() - began))
 
-    kept_split_k = engine.runner.use_split_k_decoding
-    engine.runner.use_decode_graphs, engine.runner.use_split_k_decoding, Extraction.run = False, split_k, profiled
+    chosen = engine.runner.decoding_matmul
+    engine.runner.use_decode_graphs, engine.runner.decoding_matmul, Extraction.run = False, kernel or chosen, profiled
     try:
         engine.score_batch(compiled)
     finally:
-        engine.runner.use_decode_graphs, engine.runner.use_split_k_decoding, Extraction.run = True, kept_split_k, run
+        engine.runner.use_decode_graphs, engine.runner.decoding_matmul, Extraction.run = True, chosen, run
     prof, seconds = profiles[0]
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-    system = "spinf_bf16_slots_split_k" if split_k else "spinf_bf16_slots"
+    system = f"spinf_bf16_slots_{kernel}" if kernel else "spinf_bf16_slots"
     head = (f"{system}: the decoding of one score_batch of {result['workload']} ({result['num_texts']} texts,"
             f" {len(slot_queries)} slots each) on random-weight {result['model']}, {result['gpu']}; decoding passes"
-            f" eager{', projections on the split-K matmul' if split_k else ''}, {seconds:.3f} s under the profiler; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
+            f" eager, projections on the {kernel or chosen} decoding matmul, {seconds:.3f} s under the profiler; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
     write_profile(result, system, head + table)
     return table

@@ -9,8 +9,9 @@ of the slots in scoring-token equivalents (tokens fed to the model for slots, pe
 read for the option queries). Time the two phases apart with the runner's `run` / `decode`.
 `run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
 of them and each kind alone (search, generate); on CUDA also with eager decoding (no CUDA
-graphs), with the decoding projections on the split-K matmul (`split_k_row`) and
-with the layout packed again at half held (`compact_at_half_row`) in the same run,
+graphs), with the decoding projections on each other kernel of ops.DECODING_MATMULS
+(`decoding_matmul_rows`) and with the layout packed again at half held (`compact_at_half_row`)
+in the same run,
 and one more run by part (`decode_breakdown`).
 """
 
@@ -75,7 +76,9 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                       for kind, chosen in slot_kinds(slot_queries).items()}
     if engine.runner.use_decode_graphs:
         row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
-        row["split_k_decode"] = split_k_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
+        row["decoding_matmul"] = engine.runner.decoding_matmul
+        row["other_decoding_matmuls"] = decoding_matmul_rows(run_spinf, engine, requests, args.repeats, bf16_row,
+                                                             num_slot_answers)
         row["compact_at_half_held"] = compact_at_half_row(run_spinf, engine, requests, args.repeats, bf16_row,
                                                           num_slot_answers)
     return row
@@ -107,14 +110,23 @@ def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats:
     return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, eager)
 
 
-def split_k_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
-                num_slot_answers: int) -> dict:
-    """The same requests with the decoding passes' projections on the split-K matmul
-    (engine/kernels/matmul_split_k.py) instead of the scoring passes' one (engine/kernels/matmul.py)."""
-    def split_k(on: bool) -> None:
-        engine.runner.use_split_k_decoding = on
+def decoding_matmul_rows(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                         num_slot_answers: int) -> dict[str, dict]:
+    """The same requests with the decoding passes' projections on each kernel of
+    ops.DECODING_MATMULS other than the runner's (`ModelRunner.decoding_matmul`), by kernel."""
+    from engine.layers.ops import DECODING_MATMULS
 
-    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, split_k)
+    chosen = engine.runner.decoding_matmul
+    rows = {}
+    for kernel in DECODING_MATMULS:
+        if kernel == chosen:
+            continue
+
+        def use(on: bool, kernel: str = kernel) -> None:
+            engine.runner.decoding_matmul = kernel if on else chosen
+
+        rows[kernel] = variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, use)
+    return rows
 
 
 def variant_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,

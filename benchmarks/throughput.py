@@ -253,8 +253,8 @@ def main() -> None:
         print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
         write_result(result, final=False)
         if args.profile:
-            for split_k in (False, True):
-                print(profile_slots(engine, workload, args, result, split_k), flush=True)
+            for kernel in (None, "scoring", "split_k"):
+                print(profile_slots(engine, workload, args, result, kernel), flush=True)
 
     prefix_items = items[: args.prefix_texts]
     prefix_lp = None

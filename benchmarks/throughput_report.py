@@ -11,6 +11,12 @@ from __future__ import annotations
 from result_files import write_pair
 from timeline import brief
 
+DECODING_KERNELS = {  # ops.DECODING_MATMULS, as the report names them
+    "tiles": "the persistent matmul with tiles for few rows (matmul.decoding_tiles, the scoring passes' bits)",
+    "split_k": "the split-K matmul (engine/kernels/matmul_split_k.py)",
+    "scoring": "the scoring passes' tiles (matmul.BF16_TILES)",
+}
+
 WHAT_IT_DOES = {  # in the table's order
     "spinf_bf16": "this engine: each content once and each question's suffix, packed into {budget}-token passes"
                   " with tree attention",
@@ -128,11 +134,11 @@ def _host_lines(result: dict) -> list[str]:
             lines.append(f"\n- the same slots with every decoding pass launched kernel by kernel (no CUDA graphs):"
                          f" +{eager['slot_extra_seconds']:.3f} s ="
                          f" {eager['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
-        if "split_k_decode" in row:
-            split_k = row["split_k_decode"]
-            lines.append(f"\n- the same slots with the decoding passes' projections on the split-K matmul"
-                         f" (engine/kernels/matmul_split_k.py): +{split_k['slot_extra_seconds']:.3f} s ="
-                         f" {split_k['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+        for kernel, other in row.get("other_decoding_matmuls", {}).items():
+            lines.append(f"\n- the same slots with the decoding passes' projections on {DECODING_KERNELS.get(kernel, kernel)}"
+                         f" (this run's default: {DECODING_KERNELS.get(row['decoding_matmul'], row['decoding_matmul'])}):"
+                         f" +{other['slot_extra_seconds']:.3f} s ="
+                         f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
         if "compact_at_half_held" in row:
             compact = row["compact_at_half_held"]
             lines.append(f"\n- the same slots with the decoding layout packed again as soon as half its rows are held"

@@ -39,6 +39,24 @@ class TileConfig:
 BF16_TILES = TileConfig(block_m=128, block_n=256, block_k=64, group_m=16, num_warps=8, num_stages=3)
 # fp32 output (logits): the epilogue tile is twice the bytes, so half the width.
 FP32_OUT_TILES = TileConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+# Decoding passes (tens to hundreds of rows, `decoding_tiles`): more, smaller tiles, so more SMs
+# share the weight's read. Every tile config here runs each output element's K loop in the same
+# order, block_k columns at a time into one fp32 accumulator, so they give BF16_TILES's bits
+# (tests/engine/kernels/test_kernel_matmul.py checks it on the GPU at decoding row counts).
+FEW_ROWS_TILES = TileConfig(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4)
+NARROW_TILES = TileConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)
+FEW_ROWS = 128  # a decoding pass of at most this many rows takes FEW_ROWS_TILES
+NARROW_COLS = 4096  # a product of at most this many columns (o_proj, down) takes NARROW_TILES
+
+
+def decoding_tiles(num_rows: int, num_cols: int) -> TileConfig:
+    """The tiles of a decoding pass's [num_rows, K] x [num_cols, K]^T bf16 product: chosen
+    among configs timed at 64 and 320 rows on the Gemma-3-12B projections
+    (benchmarks/decode_matmul_options.py); the same bits as BF16_TILES whichever is chosen,
+    so choosing by the row count keeps a row's bits independent of its pass."""
+    if num_rows <= FEW_ROWS:
+        return FEW_ROWS_TILES
+    return NARROW_TILES if num_cols <= NARROW_COLS else BF16_TILES
 
 
 def matmul_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,10 +13,10 @@ Why invariant: S and the tiles are a function of the weight's shape (N, K) only
 (`decoding_config`), never of M; every element's K loop inside a part and the order in
 which parts are added are the same whatever tile or program computes it. A row's bits
 therefore depend only on that row and the weight, as with `matmul.matmul` (not the same
-bits as it: with `ModelRunner.use_split_k_decoding` on, decoding passes use this kernel for
-every row count, scoring passes never). Off by default: on the H100 it cut o_proj and down at
-320 rows in isolation but decoded 8 news texts x 5 slots slower end to end than the scoring
-kernel (docs/extraction.md, Cost).
+bits as it: with `ModelRunner.decoding_matmul = "split_k"`, decoding passes use this kernel
+for every row count, scoring passes never). Not the default: on the H100 it cut o_proj and
+down at 320 rows in isolation but decoded 8 news texts x 5 slots slower end to end than the
+scoring kernel (docs/extraction.md, Cost).
 """
 
 from __future__ import annotations

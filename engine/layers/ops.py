@@ -8,10 +8,11 @@ matmul per ROW_CHUNK rows, so a row's result depends only on that row.
 On CUDA the same holds through fixed-tile Triton kernels (engine/kernels/): `linear` runs
 the persistent bf16 matmul (or the fp8 one for an `Fp8Weight`), `rms_norm` one program per
 row; neither depends on the number of rows, so there is no chunk loop there.
-A decoding pass (few rows) may run its bf16 projections inside `decoding_matmuls()`: the
-split-K matmul (engine/kernels/matmul_split_k.py), invariant by the same argument, with
-other bits than the scoring passes' kernel (a row is decoded only in decoding passes).
-`ModelRunner.use_split_k_decoding` turns it on; it is off (measured slower end to end).
+A decoding pass (tens to hundreds of rows) runs its bf16 projections inside
+`decoding_matmuls(kernel)`, `ModelRunner.decoding_matmul` naming the kernel: "tiles" (the
+default) the same persistent matmul with tiles chosen for few rows (`matmul.decoding_tiles`,
+the scoring passes' bits), "split_k" the split-K matmul (engine/kernels/matmul_split_k.py,
+invariant by the same argument, other bits), "scoring" the scoring passes' tiles.
 """
 
 from __future__ import annotations
@@ -32,18 +33,22 @@ from engine.kernels.int8_weight import Int8Weight
 ROW_CHUNK = 64  # rows per fixed-shape matmul; the packer aligns contents to it
 SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tree's scored rows to it
 
-_DECODING_MATMULS = ContextVar("decoding_matmuls", default=False)
+DECODING_MATMULS = ("tiles", "split_k", "scoring")  # the kernels a decoding pass's projections may run on
+_DECODING_MATMUL = ContextVar("decoding_matmul", default="scoring")
 
 
 @contextmanager
-def decoding_matmuls(enabled: bool = True) -> Iterator[None]:
-    """Inside: `linear`'s bf16-output products on CUDA use the split-K decoding kernel (the
-    passes of engine/extraction; a CUDA graph captured inside keeps it). CPU: no effect."""
-    token = _DECODING_MATMULS.set(enabled)
+def decoding_matmuls(kernel: str = "tiles") -> Iterator[None]:
+    """Inside: `linear`'s bf16-output products on CUDA run on `kernel` (one of
+    DECODING_MATMULS; the passes of engine/extraction, and a CUDA graph captured inside keeps
+    it). CPU: no effect."""
+    if kernel not in DECODING_MATMULS:
+        raise ValueError(f"decoding_matmuls: kernel {kernel!r} is not one of {DECODING_MATMULS}")
+    token = _DECODING_MATMUL.set(kernel)
     try:
         yield
     finally:
-        _DECODING_MATMULS.reset(token)
+        _DECODING_MATMUL.reset(token)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -79,9 +84,11 @@ def linear(
         if isinstance(weight, Fp8Weight):
             y = fp8_matmul.fp8_linear(x, weight, bias, out=out)
             return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
-        if _DECODING_MATMULS.get() and out_dtype in (None, x.dtype):
+        kernel = _DECODING_MATMUL.get() if out_dtype in (None, x.dtype) else "scoring"
+        if kernel == "split_k":
             return matmul_split_k.matmul_split_k(x, weight, bias, out=out)
-        return matmul.matmul(x, weight, bias, out_dtype=out_dtype, out=out)
+        tiles = matmul.decoding_tiles(x.shape[0], weight.shape[0]) if kernel == "tiles" else None
+        return matmul.matmul(x, weight, bias, tiles=tiles, out_dtype=out_dtype, out=out)
     num_rows = x.shape[0]
     if num_rows % row_chunk:
         raise ValueError(f"linear: {num_rows} rows is not a multiple of row_chunk={row_chunk}")

@@ -86,9 +86,8 @@ class ModelRunner:
         self.num_passes = 0
         # decoding runs keep their passes' shapes and replay them as CUDA graphs (None: on CUDA)
         self.use_decode_graphs = device.type == "cuda" if use_decode_graphs is None else use_decode_graphs
-        # decoding passes' bf16 projections through the split-K kernel (engine/kernels/matmul_split_k.py)
-        # instead of the scoring passes' one: off, it measured slower end to end (docs/extraction.md, Cost)
-        self.use_split_k_decoding = False
+        # the kernel of the decoding passes' bf16 projections (ops.DECODING_MATMULS; docs/extraction.md, Cost)
+        self.decoding_matmul = "tiles"
 
     def run_all(
         self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None,
@@ -184,7 +183,7 @@ class ModelRunner:
     def _decode_logprobs(self, input_ids: torch.Tensor, positions: torch.Tensor, decode: DecodeMetadata,
                          scored_index: torch.Tensor) -> torch.Tensor:
         """Device inputs of a decoding pass -> [S, V] float32 log-probs (no host sync: a CUDA graph captures it)."""
-        with decoding_matmuls(self.use_split_k_decoding):
+        with decoding_matmuls(self.decoding_matmul):
             logits = self.model(input_ids, positions, AttentionMetadata(spans=[], decode=decode), scored_index)  # [S, V]
         return chunked_log_softmax(logits, out=logits)  # in place: no second [S, V]
 

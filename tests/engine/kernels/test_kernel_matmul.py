@@ -2,8 +2,12 @@ import pytest
 import torch
 from kernel_inputs import fresh
 
-from engine.kernels.matmul import matmul, matmul_reference
+from engine.kernels.matmul import (
+    BF16_TILES, FEW_ROWS, FEW_ROWS_TILES, NARROW_COLS, NARROW_TILES, decoding_tiles, matmul, matmul_reference,
+)
 from engine.layers import ops
+
+GEMMA_3_12B = {"qkv": (8192, 3840), "o": (3840, 4096), "gate_up": (30720, 3840), "down": (3840, 15360)}  # (N, K)
 
 
 def test_reference_is_the_fp32_product_rounded_once():
@@ -43,3 +47,25 @@ def test_gpu_matmul_is_batch_invariant(cuda, out_dtype):
     for start, stop in [(0, 1), (0, 7), (0, 64), (5, 133), (1000, 2113), (64, 1088)]:
         assert torch.equal(matmul(x[start:stop], w, out_dtype=out_dtype), full[start:stop]), (start, stop)
     assert torch.equal(ops.linear(x[:64], w, out_dtype=out_dtype), full[:64])
+
+
+def test_decoding_tiles_by_rows_and_columns():
+    assert decoding_tiles(1, 30720) == decoding_tiles(FEW_ROWS, 3840) == FEW_ROWS_TILES
+    assert decoding_tiles(FEW_ROWS + 1, NARROW_COLS) == decoding_tiles(320, 3840) == NARROW_TILES
+    assert decoding_tiles(320, NARROW_COLS + 1) == decoding_tiles(2048, 30720) == BF16_TILES
+    assert {tiles.block_k % 64 for tiles in (FEW_ROWS_TILES, NARROW_TILES, BF16_TILES)} == {0}  # K = 64 k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GEMMA_3_12B))
+def test_gpu_decoding_tiles_give_the_scoring_bits(cuda, name):
+    """Whatever decoding_tiles picks for a row count, a row gets the bits BF16_TILES gives it
+    among 2,048 rows: a decoding row's bits do not depend on its pass's row count."""
+    num_cols, num_inner = GEMMA_3_12B[name]
+    x, w = fresh((2048, num_inner), cuda, seed=16), fresh((num_cols, num_inner), cuda, seed=17, scale=0.02)
+    scoring = matmul(x, w)
+    for num_rows in (1, 8, 64, FEW_ROWS, FEW_ROWS + 64, 320, 448):
+        tiles = decoding_tiles(num_rows, num_cols)
+        assert torch.equal(matmul(x[:num_rows], w, tiles=tiles), scoring[:num_rows]), (num_rows, tiles)
+        with ops.decoding_matmuls("tiles"):
+            assert torch.equal(ops.linear(x[-num_rows:], w), scoring[-num_rows:]), num_rows

@@ -46,11 +46,18 @@ def test_split_k_kernel_interpreted():
     run_interpreted("matmul_split_k")
 
 
-def test_cpu_linear_ignores_decoding_matmuls():
+@pytest.mark.parametrize("kernel", ops.DECODING_MATMULS)
+def test_cpu_linear_ignores_decoding_matmuls(kernel):
     x, w = fresh((64, 32), dtype=torch.float32, seed=4), fresh((16, 32), dtype=torch.float32, seed=5)
-    with ops.decoding_matmuls():
+    with ops.decoding_matmuls(kernel):
         inside = ops.linear(x, w)
     assert torch.equal(inside, ops.linear(x, w))
+
+
+def test_decoding_matmuls_names_the_kernels_it_knows():
+    with pytest.raises(ValueError, match="split_k"):
+        with ops.decoding_matmuls("splitk"):
+            pass
 
 
 @pytest.mark.gpu
@@ -74,11 +81,11 @@ def test_gpu_split_k_matches_reference_and_rows_keep_their_bits(cuda, name):
 @pytest.mark.gpu
 def test_gpu_linear_uses_split_k_only_inside_decoding_matmuls(cuda):
     x, w = fresh((320, 4096), cuda, seed=14), fresh((3840, 4096), cuda, seed=15, scale=0.02)
-    with ops.decoding_matmuls():
+    with ops.decoding_matmuls("split_k"):
         decoding = ops.linear(x, w)
         logits = ops.linear(x, w, out_dtype=torch.float32)  # fp32 out (the LM head): the scoring kernel
     assert torch.equal(decoding, matmul_split_k(x, w))
     assert torch.equal(logits, matmul(x, w, out_dtype=torch.float32))
     assert torch.equal(ops.linear(x, w), matmul(x, w))
-    with ops.decoding_matmuls(False):
+    with ops.decoding_matmuls("scoring"):
         assert torch.equal(ops.linear(x, w), matmul(x, w))
