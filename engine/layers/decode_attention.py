@@ -5,8 +5,12 @@
         --group_spans--> DecodeGroup per (arena, rows per slot): host index tensors and masks,
         built once per pass (a CUDA graph's replay copies them into its own: decode_graphs.py);
         on the device each mask becomes SDPA's additive bias once per pass, not at every layer
-    decode_attention, per layer and group: the new rows' K/V are written into their slots'
-        entries in place, then ONE SDPA over the group's entries [B, Hkv, C, d]
+    decode_attention, per layer and group (`decoding_attention(kernel)` picks how):
+        "triton" (CUDA): one launch of engine/kernels/decode_attention.py per group: each span
+            writes its new rows' K/V into its entry and attends to the keys it may see only
+            (a span row [start, entry, first_new, key_lo, key_hi], its mask [n, C])
+        "sdpa" (CPU always): the new rows' K/V written into their slots' entries in place,
+            then ONE SDPA over the group's entries [B, Hkv, C, d] at full capacity
 
 The arenas and the capture that fills them are engine/extraction/kv_cache.py; that module's
 docstring states the batch-invariance argument for the shapes used here.
@@ -15,16 +19,36 @@ docstring states the batch-invariance argument for the shapes used here.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import decode_attention as decode_attention_kernels
 from engine.layers.ops import to_device
 
 if TYPE_CHECKING:
     from engine.extraction.kv_cache import KVArena, SlotKV
+
+
+DECODING_ATTENTION = ("triton", "sdpa")  # how a decoding pass's attention runs on CUDA (CPU: always sdpa)
+_DECODING_ATTENTION = ContextVar("decoding_attention", default="triton")
+
+
+@contextmanager
+def decoding_attention(kernel: str = "triton") -> Iterator[None]:
+    """Inside: `decode_attention` on CUDA runs as `kernel` (one of DECODING_ATTENTION)."""
+    if kernel not in DECODING_ATTENTION:
+        raise ValueError(f"decoding_attention: kernel {kernel!r} is not one of {DECODING_ATTENTION}")
+    token = _DECODING_ATTENTION.set(kernel)
+    try:
+        yield
+    finally:
+        _DECODING_ATTENTION.reset(token)
 
 
 @dataclass(slots=True)
@@ -54,20 +78,21 @@ class DecodeGroup:
     mask: torch.Tensor  # [B, n, C] bool
     positions: torch.Tensor  # [B, n] long positions of the queries
     key_positions: torch.Tensor  # [B, C] long positions of the keys (0 past a slot's rows)
+    entries: torch.Tensor  # [P] long each span's entry - first_entry
+    spans: torch.Tensor  # [P, 5] int32 per span (start, entry, first_new, key_lo, key_hi): the Triton kernel's
     _on: dict = field(default_factory=dict, repr=False)  # device / (window, device, G) -> tensors there
     _biases: dict = field(default_factory=dict, repr=False)  # (window, device, G, dtype) -> [B, 1, G * n, C] bias
 
     def indices(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """(query_rows, rows, write_rows, out_rows) on `device`, copied once per pass."""
+        """(query_rows, rows, write_rows, out_rows, spans) on `device`, copied once per pass."""
         if device not in self._on:
-            self._on[device] = tuple(to_device(t, device) for t in
-                                     (self.query_rows, self.rows, self.write_rows, self.out_rows))
+            self._on[device] = tuple(to_device(t, device) for t in self.host_indices())
         return self._on[device]
 
     def host_indices(self) -> tuple[torch.Tensor, ...]:
-        return self.query_rows, self.rows, self.write_rows, self.out_rows
+        return self.query_rows, self.rows, self.write_rows, self.out_rows, self.spans
 
-    def attention_mask(self, sliding_window: int | None, device: torch.device, num_groups: int) -> torch.Tensor:
+    def attention_mask(self, sliding_window: int | None, device: torch.device, num_groups: int | None) -> torch.Tensor:
         """`host_mask` on `device`, made once per pass."""
         key = (sliding_window, device, num_groups)
         if key not in self._on:
@@ -85,12 +110,15 @@ class DecodeGroup:
             self._biases[key] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, -math.inf)
         return self._biases[key]
 
-    def host_mask(self, sliding_window: int | None, num_groups: int) -> torch.Tensor:
+    def host_mask(self, sliding_window: int | None, num_groups: int | None) -> torch.Tensor:
         """[B, 1, G * n, C]: `mask` narrowed to keys less than `sliding_window` positions back,
-        repeated for the G query heads folded into each kv head."""
+        repeated for the G query heads folded into each kv head (SDPA's); num_groups None:
+        [P, n, C], the same per span (the Triton kernel's)."""
         mask = self.mask
         if sliding_window is not None:
             mask = mask & (self.positions[:, :, None] - self.key_positions[:, None, :] < sliding_window)
+        if num_groups is None:
+            return mask[self.entries]
         b, n, c = mask.shape
         return mask[:, None, None].expand(b, 1, num_groups, n, c).reshape(b, 1, num_groups * n, c)
 
@@ -131,7 +159,8 @@ def _group(spans: list[DecodeSpan]) -> DecodeGroup:
     entries = torch.tensor([span.kv.entry - first for span in spans])  # [P]
     new = torch.arange(n)
     rows = torch.tensor([span.start for span in spans])[:, None] + new  # [P, n]
-    write_rows = (entries + first) * capacity + torch.tensor([span.first_new_row for span in spans])
+    first_new = torch.tensor([span.first_new_row for span in spans])  # [P]
+    write_rows = (entries + first) * capacity + first_new
     query_rows = torch.zeros(num_entries, n, dtype=torch.long)
     query_rows[entries] = rows
     mask = torch.zeros(num_entries, n, capacity, dtype=torch.bool)
@@ -144,9 +173,11 @@ def _group(spans: list[DecodeSpan]) -> DecodeGroup:
         mask[entry, :, : span.first_new_row + n] = span.mask
         if span.num_real:  # a held span's rows see only themselves: key positions stay 0, as theirs
             key_positions[entry, : span.first_new_row + n] = torch.cat((span.kv.positions, span.positions))
+    live = torch.tensor([span.num_real > 0 for span in spans])
+    span_table = torch.stack((rows[:, 0], entries + first, first_new, torch.where(live, 0, first_new), first_new + n), 1)
     return DecodeGroup(arena, first, num_entries, n, query_rows.flatten(), rows.flatten(),
                        (write_rows[:, None] + new).flatten(), (entries[:, None] * n + new).flatten(), mask, positions,
-                       key_positions)
+                       key_positions, entries, span_table.to(torch.int32))
 
 
 def decode_attention(
@@ -159,8 +190,15 @@ def decode_attention(
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, d]; rows outside every span are zero
     out = torch.zeros_like(q)
+    if q.is_cuda and _DECODING_ATTENTION.get() == "triton":
+        for group in meta.groups:
+            spans = group.indices(q.device)[-1]
+            mask = group.attention_mask(sliding_window, q.device, None)
+            decode_attention_kernels.decode_attention(q, k, v, group.arena.keys[layer], group.arena.values[layer],
+                                                      spans, mask, group.num_rows, scale, out)
+        return out
     for group in meta.groups:
-        query_rows, rows, write_rows, out_rows = group.indices(q.device)
+        query_rows, rows, write_rows, out_rows, _ = group.indices(q.device)
         keys, values = group.arena.keys[layer], group.arena.values[layer]  # [E, C, Hkv, d]
         keys.view(-1, *k.shape[1:]).index_copy_(0, write_rows, k.index_select(0, rows))  # in place
         values.view(-1, *v.shape[1:]).index_copy_(0, write_rows, v.index_select(0, rows))

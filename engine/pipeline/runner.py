@@ -26,7 +26,7 @@ import torch
 
 from engine.kernels.logprobs import option_logprobs, row_logsumexp
 from engine.layers.attention import AttentionMetadata
-from engine.layers.decode_attention import DecodeMetadata
+from engine.layers.decode_attention import DecodeMetadata, decoding_attention
 from engine.layers.ops import SCORE_CHUNK, decoding_matmuls, to_device
 from engine.pipeline.decode_graphs import DecodeGraphs, device_inputs
 from engine.pipeline.launch_clock import LaunchClock
@@ -88,6 +88,8 @@ class ModelRunner:
         self.use_decode_graphs = device.type == "cuda" if use_decode_graphs is None else use_decode_graphs
         # the kernel of the decoding passes' bf16 projections (ops.DECODING_MATMULS; docs/extraction.md, Cost)
         self.decoding_matmul = "tiles"
+        # how the decoding passes' attention runs on CUDA (decode_attention.DECODING_ATTENTION)
+        self.decoding_attention = "triton"
 
     def run_all(
         self, batches: Iterable[PackedBatch], while_waiting: Callable[[], bool] | None = None,
@@ -183,7 +185,7 @@ class ModelRunner:
     def _decode_logprobs(self, input_ids: torch.Tensor, positions: torch.Tensor, decode: DecodeMetadata,
                          scored_index: torch.Tensor) -> torch.Tensor:
         """Device inputs of a decoding pass -> [S, V] float32 log-probs (no host sync: a CUDA graph captures it)."""
-        with decoding_matmuls(self.decoding_matmul):
+        with decoding_matmuls(self.decoding_matmul), decoding_attention(self.decoding_attention):
             logits = self.model(input_ids, positions, AttentionMetadata(spans=[], decode=decode), scored_index)  # [S, V]
         return chunked_log_softmax(logits, out=logits)  # in place: no second [S, V]
 

@@ -1,8 +1,8 @@
 """GPU: extraction slots decoded on CUDA (a 6- or 2-layer cut of the Gemma-3-12B architecture,
 random weights, real tokenizer): a content's slot answers are bit-identical alone vs packed
 with the other contents, and every slot's answers are a proper distribution (sorted by p,
-each p in (0, 1], p + residual = 1); batched decoding attention shares its SDPA calls and
-never syncs the host."""
+each p in (0, 1], p + residual = 1), with either decoding attention (the Triton kernel, SDPA);
+batched decoding attention makes one call per group and never syncs the host."""
 
 from __future__ import annotations
 
@@ -39,8 +39,10 @@ def _news_slots(num_layers: int, num_slots: int) -> tuple:
 
 
 @pytest.mark.gpu
-def test_gpu_slot_answers_alone_vs_packed_are_bit_identical():
+@pytest.mark.parametrize("attention", ["triton", "sdpa"])
+def test_gpu_slot_answers_alone_vs_packed_are_bit_identical(attention):
     engine, requests = _news_slots(num_layers=6, num_slots=4)
+    engine.runner.decoding_attention = attention
     packed = engine.score_requests(requests).results
     for index in (0, 5):
         alone = engine.score_requests([requests[index]]).results[0]
@@ -55,8 +57,8 @@ def test_gpu_slot_answers_alone_vs_packed_are_bit_identical():
 
 
 @pytest.mark.gpu
-def test_gpu_batched_decode_attention_shares_sdpa_and_never_syncs(monkeypatch):
-    """Decoding attention (engine/layers/decode_attention.py) on CUDA: one SDPA per (capacity, rows) group,
+def test_gpu_batched_decode_attention_shares_calls_and_never_syncs(monkeypatch):
+    """Decoding attention (engine/layers/decode_attention.py) on CUDA: one call per (capacity, rows) group,
     fewer than the slots; no host sync inside it (sync debug mode "error"); the answers of a
     content alone and packed with contents of other lengths are bit-identical."""
     import engine.layers.decode_attention as decode_module

@@ -185,6 +185,97 @@ def check_matmul_split_k() -> None:
         raise AssertionError("a K that the parts cannot cut into whole blocks must be refused")
 
 
+def check_decode_attention() -> None:
+    """fp32: the kernel against decode_attention_reference (live spans, a held one, strided
+    k/v as views of one q/k/v buffer, G = 2 and G = 1), the arenas written the same, rows
+    outside the spans untouched, and a span alone keeps the bits it has among others."""
+    import torch
+    from kernel_inputs import fresh
+
+    from engine.kernels.decode_attention import decode_attention, decode_attention_reference
+
+    num_rows, capacity, d = 8, 96, 32
+    spans = torch.tensor([[0, 2, 20, 0, 28], [8, 0, 88, 88, 96], [24, 3, 50, 0, 58]], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(5)
+    mask = torch.rand(3, num_rows, capacity, generator=gen) < 0.5
+    mask[1] = False  # the held span: its rows see only themselves
+    for span, (_, _, first_new, _, _) in enumerate(spans.tolist()):
+        mask[span, torch.arange(num_rows), first_new + torch.arange(num_rows)] = True
+    for num_heads, num_kv_heads in ((4, 2), (2, 2)):
+        qkv = fresh((40, (num_heads + 2 * num_kv_heads) * d), dtype=torch.float32, seed=num_heads)
+        q = qkv[:, : num_heads * d].reshape(40, num_heads, d).contiguous()
+        k = qkv[:, num_heads * d : (num_heads + num_kv_heads) * d].view(40, num_kv_heads, d)  # strided rows
+        v = qkv[:, (num_heads + num_kv_heads) * d :].view(40, num_kv_heads, d)
+        keys, values = (fresh((4, capacity, num_kv_heads, d), dtype=torch.float32, seed=s) for s in (7, 8))
+        args = (q, k, v)
+
+        def run(fn, spans, mask, keys=keys, values=values):
+            arena = keys.clone(), values.clone()
+            out = torch.full_like(q, float("nan"))
+            fn(*args, *arena, spans, mask, num_rows, 0.2, out)
+            return out, arena
+
+        got, got_arena = run(decode_attention, spans, mask)
+        ref, ref_arena = run(decode_attention_reference, spans, mask)
+        assert all(torch.equal(a, b) for a, b in zip(got_arena, ref_arena)), "the arenas are written differently"
+        in_spans = torch.cat([torch.arange(s, s + num_rows) for s in (0, 8, 24)])
+        torch.testing.assert_close(got[in_spans], ref[in_spans], rtol=1e-5, atol=1e-5)
+        outside = torch.ones(40, dtype=torch.bool)
+        outside[in_spans] = False
+        assert got[outside].isnan().all(), "rows outside the spans were written"
+        alone, _ = run(decode_attention, spans[2:].clone(), mask[2:].clone())
+        assert torch.equal(alone[24:32], got[24:32]), "a span alone has other bits than among others"
+    try:
+        decode_attention(q, k, v, keys, values, spans.long(), mask, num_rows, 0.2, torch.empty_like(q))
+    except ValueError as error:
+        assert "int32" in str(error)
+    else:
+        raise AssertionError("spans that are not int32 must be refused")
+
+
+def check_decode_attention_groups() -> None:
+    """DecodeGroup's span table and per-span masks (engine/layers/decode_attention.py) drive
+    the kernel to SDPA's outputs (the CPU path of decode_attention, fp32): slots in two
+    arenas, live with decoded rows, one held, with and without a sliding window."""
+    import torch
+
+    from engine.extraction import kv_cache
+    from engine.kernels.decode_attention import decode_attention as kernel
+    from engine.layers import decode_attention as decode_module
+
+    layers, hq, hkv, d, n = 2, 4, 2, 32, 8
+    gen = torch.Generator().manual_seed(9)
+    slots = [kv_cache.SlotKV([torch.randn(p, hkv, d, generator=gen) for _ in range(layers)],
+                             [torch.randn(p, hkv, d, generator=gen) for _ in range(layers)], torch.arange(p), p)
+             for p in (20, 50, 90, 30)]
+    store = kv_cache.KVStore()
+    for step in range(3):
+        store.reserve(slots, [n] * len(slots), [0] * len(slots))
+        spans = []
+        for index, kv in enumerate(slots):
+            if index == 3 and step == 2:  # finished: held in place
+                spans.append(decode_module.held_span(n * index, n, kv))
+                continue
+            real = 1 + index % 3
+            own = [list(range(kv.num_prompt_rows, kv.num_rows))] * real
+            spans.append(decode_module.DecodeSpan(n * index, n, real, kv, decode_module.decode_mask(kv, own, n),
+                                                  torch.full((n,), kv.num_rows), kv.num_rows))
+        rows = n * len(slots) + 8
+        q, k, v = (torch.randn(rows, h, d, generator=gen) for h in (hq, hkv, hkv))
+        for window in (None, 5):
+            meta = decode_module.DecodeMetadata(spans)
+            assert len(meta.groups) == 2  # capacities 64 and 96 (the slot of 90 rows: 192)
+            expected = decode_module.decode_attention(q, k, v, meta, 1, 0.3, window)
+            got = torch.zeros_like(q)
+            for group in meta.groups:
+                kernel(q, k, v, group.arena.keys[1], group.arena.values[1], group.indices(q.device)[-1],
+                       group.attention_mask(window, q.device, None), n, 0.3, got)
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        for span in spans:
+            if span.num_real:
+                span.kv.positions = torch.cat((span.kv.positions, span.positions[: span.num_real]))
+
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run through run_interpreted (TRITON_INTERPRET=1)")

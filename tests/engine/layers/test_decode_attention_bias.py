@@ -21,7 +21,8 @@ def _group(num_entries: int, num_rows: int, capacity: int, gen: torch.Generator)
     mask.scatter_(2, positions[:, :, None], True)
     key_positions = torch.arange(capacity).expand(num_entries, capacity).clone()
     empty = torch.zeros(0, dtype=torch.long)
-    return DecodeGroup(None, 0, num_entries, num_rows, empty, empty, empty, empty, mask, positions, key_positions)
+    return DecodeGroup(None, 0, num_entries, num_rows, empty, empty, empty, empty, mask, positions, key_positions,
+                       torch.arange(num_entries), torch.zeros(num_entries, 5, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("device", DEVICES)
