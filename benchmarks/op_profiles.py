@@ -49,11 +49,12 @@ def profile_pass(engine, compiled, result: dict, system: str) -> str:
     return table
 
 
-def profile_slots(engine, workload, args, result: dict, kernel: str | None = None) -> str:
+def profile_slots(engine, workload, args, result: dict, setting: tuple[str, str] | None = None) -> str:
     """Per-op GPU time of the decoding of one run with the slots (the profiler runs around
     Extraction.run only; decoding passes launched eagerly, each kernel under its op: a replayed
     graph runs the same kernels), as the spinf_bf16_slots section of profile-<model>-<workload>.txt
-    (split_k: the decoding projections on the split-K matmul, section spinf_bf16_slots_split_k)."""
+    (setting: (runner attribute, value), e.g. ("decoding_matmul", "split_k"), in place of the
+    runner's own; section spinf_bf16_slots_<value>)."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.extraction.decoding import Extraction
@@ -70,17 +71,21 @@ def profile_slots(engine, workload, args, result: dict, kernel: str | None = Non
             torch.cuda.synchronize()
         profiles.append((prof, time.perf_counter() - began))
 
-    chosen = engine.runner.decoding_matmul
-    engine.runner.use_decode_graphs, engine.runner.decoding_matmul, Extraction.run = False, kernel or chosen, profiled
+    name, value = setting or ("decoding_matmul", engine.runner.decoding_matmul)
+    chosen = getattr(engine.runner, name)
+    engine.runner.use_decode_graphs, Extraction.run = False, profiled
+    setattr(engine.runner, name, value)
     try:
         engine.score_batch(compiled)
     finally:
-        engine.runner.use_decode_graphs, engine.runner.decoding_matmul, Extraction.run = True, chosen, run
+        engine.runner.use_decode_graphs, Extraction.run = True, run
+        setattr(engine.runner, name, chosen)
     prof, seconds = profiles[0]
+    settings = {key: value if key == name else getattr(engine.runner, key) for key in ("decoding_matmul", "decoding_attention")}
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-    system = f"spinf_bf16_slots_{kernel}" if kernel else "spinf_bf16_slots"
+    system = f"spinf_bf16_slots_{value}" if setting else "spinf_bf16_slots"
     head = (f"{system}: the decoding of one score_batch of {result['workload']} ({result['num_texts']} texts,"
             f" {len(slot_queries)} slots each) on random-weight {result['model']}, {result['gpu']}; decoding passes"
-            f" eager, projections on the {kernel or chosen} decoding matmul, {seconds:.3f} s under the profiler; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
+            f" eager, {', '.join(f'{key} {v}' for key, v in settings.items())}, {seconds:.3f} s under the profiler; commit {result['commit']}, {result['date']}, torch {result['torch']}\n\n")
     write_profile(result, system, head + table)
     return table

@@ -9,8 +9,8 @@ of the slots in scoring-token equivalents (tokens fed to the model for slots, pe
 read for the option queries). Time the two phases apart with the runner's `run` / `decode`.
 `run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
 of them and each kind alone (search, generate); on CUDA also with eager decoding (no CUDA
-graphs), with the decoding projections on each other kernel of ops.DECODING_MATMULS
-(`decoding_matmul_rows`) and with the layout packed again at half held (`compact_at_half_row`)
+graphs), with the decoding projections on each other kernel of ops.DECODING_MATMULS and
+the decoding attention on each other of decode_attention.DECODING_ATTENTION (`setting_rows`), and with the layout packed again at half held (`compact_at_half_row`)
 in the same run,
 and one more run by part (`decode_breakdown`).
 """
@@ -76,9 +76,13 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                       for kind, chosen in slot_kinds(slot_queries).items()}
     if engine.runner.use_decode_graphs:
         row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
-        row["decoding_matmul"] = engine.runner.decoding_matmul
-        row["other_decoding_matmuls"] = decoding_matmul_rows(run_spinf, engine, requests, args.repeats, bf16_row,
-                                                             num_slot_answers)
+        from engine.layers.decode_attention import DECODING_ATTENTION
+        from engine.layers.ops import DECODING_MATMULS
+
+        for setting, choices in (("decoding_matmul", DECODING_MATMULS), ("decoding_attention", DECODING_ATTENTION)):
+            row[setting] = getattr(engine.runner, setting)
+            row[f"other_{setting}"] = setting_rows(run_spinf, engine, requests, args.repeats, bf16_row,
+                                                   num_slot_answers, setting, choices)
         row["compact_at_half_held"] = compact_at_half_row(run_spinf, engine, requests, args.repeats, bf16_row,
                                                           num_slot_answers)
     return row
@@ -110,22 +114,21 @@ def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats:
     return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, eager)
 
 
-def decoding_matmul_rows(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
-                         num_slot_answers: int) -> dict[str, dict]:
-    """The same requests with the decoding passes' projections on each kernel of
-    ops.DECODING_MATMULS other than the runner's (`ModelRunner.decoding_matmul`), by kernel."""
-    from engine.layers.ops import DECODING_MATMULS
-
-    chosen = engine.runner.decoding_matmul
+def setting_rows(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                 num_slot_answers: int, setting: str, choices: tuple[str, ...]) -> dict[str, dict]:
+    """The same requests with the runner's `setting` (decoding_matmul: the decoding passes'
+    projections, ops.DECODING_MATMULS; decoding_attention: their attention,
+    decode_attention.DECODING_ATTENTION) at each of `choices` other than its own, by choice."""
+    chosen = getattr(engine.runner, setting)
     rows = {}
-    for kernel in DECODING_MATMULS:
-        if kernel == chosen:
+    for choice in choices:
+        if choice == chosen:
             continue
 
-        def use(on: bool, kernel: str = kernel) -> None:
-            engine.runner.decoding_matmul = kernel if on else chosen
+        def use(on: bool, choice: str = choice) -> None:
+            setattr(engine.runner, setting, choice if on else chosen)
 
-        rows[kernel] = variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, use)
+        rows[choice] = variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, use)
     return rows
 
 

@@ -253,8 +253,8 @@ def main() -> None:
         print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
         write_result(result, final=False)
         if args.profile:
-            for kernel in (None, "scoring", "split_k"):
-                print(profile_slots(engine, workload, args, result, kernel), flush=True)
+            for setting in (None, ("decoding_matmul", "scoring"), ("decoding_matmul", "split_k"), ("decoding_attention", "sdpa")):
+                print(profile_slots(engine, workload, args, result, setting), flush=True)
 
     prefix_items = items[: args.prefix_texts]
     prefix_lp = None

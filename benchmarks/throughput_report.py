@@ -11,10 +11,12 @@ from __future__ import annotations
 from result_files import write_pair
 from timeline import brief
 
-DECODING_KERNELS = {  # ops.DECODING_MATMULS, as the report names them
+DECODING_KERNELS = {  # ops.DECODING_MATMULS and decode_attention.DECODING_ATTENTION, as the report names them
     "tiles": "the persistent matmul with tiles for few rows (matmul.decoding_tiles, the scoring passes' bits)",
     "split_k": "the split-K matmul (engine/kernels/matmul_split_k.py)",
     "scoring": "the scoring passes' tiles (matmul.BF16_TILES)",
+    "triton": "one Triton kernel per group and layer (engine/kernels/decode_attention.py)",
+    "sdpa": "SDPA over each group's entries at full capacity",
 }
 
 WHAT_IT_DOES = {  # in the table's order
@@ -134,11 +136,12 @@ def _host_lines(result: dict) -> list[str]:
             lines.append(f"\n- the same slots with every decoding pass launched kernel by kernel (no CUDA graphs):"
                          f" +{eager['slot_extra_seconds']:.3f} s ="
                          f" {eager['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
-        for kernel, other in row.get("other_decoding_matmuls", {}).items():
-            lines.append(f"\n- the same slots with the decoding passes' projections on {DECODING_KERNELS.get(kernel, kernel)}"
-                         f" (this run's default: {DECODING_KERNELS.get(row['decoding_matmul'], row['decoding_matmul'])}):"
-                         f" +{other['slot_extra_seconds']:.3f} s ="
-                         f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+        for setting, what in (("decoding_matmul", "projections"), ("decoding_attention", "attention")):
+            for choice, other in row.get(f"other_{setting}", {}).items():
+                lines.append(f"\n- the same slots with the decoding passes' {what} on {DECODING_KERNELS.get(choice, choice)}"
+                             f" (this run's default: {DECODING_KERNELS.get(row[setting], row[setting])}):"
+                             f" +{other['slot_extra_seconds']:.3f} s ="
+                             f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
         if "compact_at_half_held" in row:
             compact = row["compact_at_half_held"]
             lines.append(f"\n- the same slots with the decoding layout packed again as soon as half its rows are held"
