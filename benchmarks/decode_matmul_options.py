@@ -7,7 +7,9 @@ A decoding pass (engine/extraction/decoding.py) has tens to hundreds of rows, so
 passes' 128x256 tiles leave most SMs idle on the narrow projections (o_proj, down: N = 3,840,
 15 column tiles). For each Gemma-3-12B projection shape and row count this times every
 candidate config (CUDA events, median) beside cuBLAS and the time to stream the weight once
-at the copy bandwidth measured in the same run, and says whether the config's output is
+at the copy bandwidth measured in the same run (every call reads a weight not in L2: the calls
+cycle over copies of it totalling at least COLD_BYTES, as a pass reads each layer's weight
+once), marks `matmul.decoding_tiles`'s choice, and says whether the config's output is
 bit-identical to the scoring config's (the same K loop per element: a config that is may be
 chosen by row count without changing any row's bits; tests/engine/kernels/ guard the one chosen).
 Beside them the split-K kernel decoding passes use (engine/kernels/matmul_split_k.py): each
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 from pathlib import Path
 
@@ -41,19 +44,20 @@ CONFIGS = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages); the 
     (64, 64, 128, 8, 4, 4),
     (64, 64, 128, 8, 4, 6),
     (64, 32, 128, 8, 4, 6),
-    (64, 32, 256, 8, 4, 4),
+    (64, 256, 64, 8, 4, 4),
+    (64, 256, 64, 8, 4, 3),
+    (128, 256, 64, 8, 8, 4),
+    (128, 128, 128, 8, 8, 3),
+    (64, 128, 64, 8, 4, 6),
+    (128, 64, 128, 8, 4, 4),
 ]
 
 SPLIT_K = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages, parts)
     (64, 128, 64, 8, 4, 4, 2),
     (64, 128, 64, 8, 4, 4, 4),
-    (64, 128, 64, 8, 4, 4, 8),
-    (64, 64, 128, 8, 4, 4, 4),
-    (128, 128, 64, 8, 8, 3, 2),
-    (128, 128, 64, 8, 8, 3, 4),
     (128, 256, 64, 16, 8, 3, 2),
-    (128, 256, 64, 16, 8, 3, 4),
 ]
+COLD_BYTES = 256 << 20  # the weight copies a timing cycles over: 5x the H100's 50 MB L2
 
 
 def copy_gbps() -> float:
@@ -70,24 +74,27 @@ def rows_for(num_rows: int, gbps: float) -> list[dict]:
     for name, (n, k) in SHAPES.items():
         x = torch.randn(num_rows, k, device="cuda", generator=gen).to(torch.bfloat16)
         w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+        ring = itertools.cycle([w] + [w.clone() for _ in range(-(-COLD_BYTES // (w.numel() * 2)) - 1)])
         scoring = matmul.matmul(x, w, tiles=matmul.TileConfig(*CONFIGS[0]))
+        chosen = dataclasses.astuple(matmul.decoding_tiles(num_rows, n))
         row = {"rows": num_rows, "shape": name, "N": n, "K": k,
                "weight_stream_us": w.numel() * 2 / (gbps * 1e9) * 1e6,  # its bytes read once at the copy's traffic rate
-               "cublas_us": bench(lambda: x @ w.t()) * 1e6, "configs": {}}
-        for config in CONFIGS:
+               "cublas_us": bench(lambda: x @ next(ring).t()) * 1e6, "configs": {}}
+        for config in dict.fromkeys([*CONFIGS, chosen]):
             tiles = matmul.TileConfig(*config)
             try:
-                seconds = bench(lambda t=tiles: matmul.matmul(x, w, tiles=t))
+                seconds = bench(lambda t=tiles: matmul.matmul(x, next(ring), tiles=t))
                 same = bool(torch.equal(matmul.matmul(x, w, tiles=tiles), scoring))
-                row["configs"][str(config)] = {"us": seconds * 1e6, "bits_equal_scoring": same}
+                row["configs"][str(config)] = {"us": seconds * 1e6, "bits_equal_scoring": same,
+                                               "chosen": config == chosen}
             except Exception as error:  # report and go on: one config that does not build must not hide the rest
                 row["configs"][str(config)] = {"error": repr(error)[:200]}
-        row["split_k"] = split_k_timings(x, w)
+        row["split_k"] = split_k_timings(x, w, ring)
         out.append(row)
     return out
 
 
-def split_k_timings(x: torch.Tensor, w: torch.Tensor) -> dict:
+def split_k_timings(x: torch.Tensor, w: torch.Tensor, ring) -> dict:
     """Each SPLIT_K candidate (and decoding_config's choice) on this product: µs and whether
     rows 3..9 alone and row 0 alone keep the bits they have in the full product."""
     chosen = matmul_split_k.decoding_config(w.shape[0], w.shape[1])
@@ -96,7 +103,7 @@ def split_k_timings(x: torch.Tensor, w: torch.Tensor) -> dict:
     for candidate in dict.fromkeys([*SPLIT_K, chosen_key]):
         config = matmul_split_k.SplitKConfig(matmul.TileConfig(*candidate[:6]), candidate[6])
         try:  # a K the parts cannot cut into whole blocks is a ValueError, reported
-            seconds = bench(lambda c=config: matmul_split_k.matmul_split_k(x, w, config=c))
+            seconds = bench(lambda c=config: matmul_split_k.matmul_split_k(x, next(ring), config=c))
             full = matmul_split_k.matmul_split_k(x, w, config=config)
             invariant = all(torch.equal(matmul_split_k.matmul_split_k(x[a:b], w, config=config), full[a:b])
                             for a, b in ((3, 10), (0, 1)))
@@ -112,14 +119,16 @@ def markdown(result: dict) -> str:
              f"commit `{result['commit']}`, {result['date']}, torch {result['torch']}; "
              f"`{result['command']}`; copy bandwidth {result['copy_gbps']:.0f} GB/s (read + write).",
              "Config = (block_m, block_n, block_k, group_m, num_warps, num_stages); the first is the scoring passes'. "
-             "µs per call, median of 20; `=` bits equal the scoring config's, `≠` they differ.", ""]
+             "µs per call, median of 20, each call's weight not in L2; `=` bits equal the scoring config's, `≠` they"
+             " differ; `*` matmul.decoding_tiles's choice for the rows and shape.", ""]
     header = ["rows", "shape", "weight once", "cuBLAS", *result["configs"]]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in result["rows"]:
         cells = [str(row["rows"]), row["shape"], f"{row['weight_stream_us']:.0f}", f"{row['cublas_us']:.0f}"]
         for config in result["configs"]:
-            entry = row["configs"][config]
-            cells.append("error" if "error" in entry else f"{entry['us']:.0f} {'=' if entry['bits_equal_scoring'] else '≠'}")
+            entry = row["configs"].get(config)
+            cells.append("—" if entry is None else "error" if "error" in entry else
+                         f"{entry['us']:.0f} {'=' if entry['bits_equal_scoring'] else '≠'}{'*' if entry.get('chosen') else ''}")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Split-K (engine/kernels/matmul_split_k.py), config = (block_m, block_n, block_k, group_m, num_warps, "
               "num_stages, parts); µs per call; `i` batch-invariant (rows alone keep their bits), `✗` not; "
