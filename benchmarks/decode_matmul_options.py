@@ -79,7 +79,8 @@ def rows_for(num_rows: int, gbps: float) -> list[dict]:
         chosen = dataclasses.astuple(matmul.decoding_tiles(num_rows, n))
         row = {"rows": num_rows, "shape": name, "N": n, "K": k,
                "weight_stream_us": w.numel() * 2 / (gbps * 1e9) * 1e6,  # its bytes read once at the copy's traffic rate
-               "cublas_us": bench(lambda: x @ next(ring).t()) * 1e6, "configs": {}}
+               "cublas_us": bench(lambda: x @ next(ring).t()) * 1e6,
+               "blas_blocks_us": bench(lambda: matmul.matmul_blas_blocks(x, next(ring))) * 1e6, "configs": {}}
         for config in dict.fromkeys([*CONFIGS, chosen]):
             tiles = matmul.TileConfig(*config)
             try:
@@ -91,6 +92,20 @@ def rows_for(num_rows: int, gbps: float) -> list[dict]:
                 row["configs"][str(config)] = {"error": repr(error)[:200]}
         row["split_k"] = split_k_timings(x, w, ring)
         out.append(row)
+    return out
+
+
+def cublas_by_rows(max_rows: int = 1024, step: int = 64) -> list[dict]:
+    """cuBLAS alone on each shape at step, 2 step, ... max_rows rows (weights out of L2): what a
+    fixed block of rows (matmul.BLAS_BLOCK_ROWS) costs."""
+    out = []
+    for name, (n, k) in SHAPES.items():
+        w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        ring = itertools.cycle([w] + [w.clone() for _ in range(-(-COLD_BYTES // (w.numel() * 2)) - 1)])
+        x = torch.randn(max_rows, k, device="cuda").to(torch.bfloat16)
+        out.append({"shape": name, "us": {rows: bench(lambda r=rows: x[:r] @ next(ring).t()) * 1e6
+                                          for rows in range(step, max_rows + 1, step)}})
+        del ring, w
     return out
 
 
@@ -121,10 +136,12 @@ def markdown(result: dict) -> str:
              "Config = (block_m, block_n, block_k, group_m, num_warps, num_stages); the first is the scoring passes'. "
              "µs per call, median of 20, each call's weight not in L2; `=` bits equal the scoring config's, `≠` they"
              " differ; `*` matmul.decoding_tiles's choice for the rows and shape.", ""]
-    header = ["rows", "shape", "weight once", "cuBLAS", *result["configs"]]
+    header = ["rows", "shape", "weight once", "cuBLAS", f"cuBLAS in {matmul.BLAS_BLOCK_ROWS}-row blocks",
+              *result["configs"]]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in result["rows"]:
-        cells = [str(row["rows"]), row["shape"], f"{row['weight_stream_us']:.0f}", f"{row['cublas_us']:.0f}"]
+        cells = [str(row["rows"]), row["shape"], f"{row['weight_stream_us']:.0f}", f"{row['cublas_us']:.0f}",
+                 f"{row['blas_blocks_us']:.0f}"]
         for config in result["configs"]:
             entry = row["configs"].get(config)
             cells.append("—" if entry is None else "error" if "error" in entry else
@@ -143,6 +160,12 @@ def markdown(result: dict) -> str:
             cells.append("—" if "error" in entry else
                          f"{entry['us']:.0f} {'i' if entry['batch_invariant'] else '✗'}{'*' if entry['chosen'] else ''}")
         lines.append("| " + " | ".join(cells) + " |")
+    if result.get("cublas_by_rows"):
+        counts = list(result["cublas_by_rows"][0]["us"])
+        lines += ["", "cuBLAS alone by row count (µs per call, each call's weight out of L2):", "",
+                  "| shape | " + " | ".join(map(str, counts)) + " |", "|---|" + "---:|" * len(counts)]
+        lines += ["| " + row["shape"] + " | " + " | ".join(f"{row['us'][c]:.0f}" for c in counts) + " |"
+                  for row in result["cublas_by_rows"]]
     return "\n".join(lines) + "\n"
 
 
@@ -154,6 +177,7 @@ def main() -> None:
                         command="python3 benchmarks/decode_matmul_options.py --rows " + args.rows,
                         configs=[str(c) for c in CONFIGS], copy_gbps=copy_gbps())
     result["rows"] = [row for num_rows in map(int, args.rows.split(",")) for row in rows_for(num_rows, result["copy_gbps"])]
+    result["cublas_by_rows"] = cublas_by_rows()
     write_pair(result, markdown(result), "decode-matmul-options", "gemma-3-12b")
     print(markdown(result))
 

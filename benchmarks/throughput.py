@@ -253,7 +253,8 @@ def main() -> None:
         print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
         write_result(result, final=False)
         if args.profile:
-            for setting in (None, ("decoding_matmul", "scoring"), ("decoding_matmul", "split_k"), ("decoding_attention", "sdpa")):
+            for setting in (None, ("decoding_matmul", "blas"), ("decoding_matmul", "scoring"),
+                            ("decoding_matmul", "split_k"), ("decoding_attention", "sdpa")):
                 print(profile_slots(engine, workload, args, result, setting), flush=True)
 
     prefix_items = items[: args.prefix_texts]

@@ -14,6 +14,7 @@ from timeline import brief
 DECODING_KERNELS = {  # ops.DECODING_MATMULS and decode_attention.DECODING_ATTENTION, as the report names them
     "tiles": "the persistent matmul with tiles for few rows (matmul.decoding_tiles, the scoring passes' bits)",
     "split_k": "the split-K matmul (engine/kernels/matmul_split_k.py)",
+    "blas": "cuBLAS in calls of a fixed number of rows (matmul.matmul_blas_blocks)",
     "scoring": "the scoring passes' tiles (matmul.BF16_TILES)",
     "triton": "one Triton kernel per group and layer (engine/kernels/decode_attention.py)",
     "sdpa": "SDPA over each group's entries at full capacity",

@@ -59,6 +59,30 @@ def decoding_tiles(num_rows: int, num_cols: int) -> TileConfig:
     return NARROW_TILES if num_cols <= NARROW_COLS else BF16_TILES
 
 
+BLAS_BLOCK_ROWS = 384  # rows of every cuBLAS call of `matmul_blas_blocks` (a decoding pass's projections)
+
+
+def matmul_blas_blocks(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                       block_rows: int = BLAS_BLOCK_ROWS) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T (+ bias) as cuBLAS calls of exactly `block_rows` rows each (x's
+    last block padded with zero rows): cuBLAS picks its kernel from the call's shape, which is
+    then always (block_rows, N, K), so a row's bits depend only on that row, as for the CPU
+    path's fixed ROW_CHUNK blocks (tests/engine/kernels/test_kernel_matmul.py checks it on the
+    GPU). Not this module's kernel and not its bits: decoding passes only (ops.decoding_matmuls)."""
+    num_rows = x.shape[0]
+    padded_rows = -(-num_rows // block_rows) * block_rows
+    if padded_rows != num_rows:
+        x = torch.cat((x, x.new_zeros(padded_rows - num_rows, x.shape[1])))
+    y = torch.empty(padded_rows, w.shape[0], dtype=x.dtype, device=x.device)
+    for start in range(0, padded_rows, block_rows):
+        rows = slice(start, start + block_rows)
+        if bias is None:
+            torch.mm(x[rows], w.t(), out=y[rows])
+        else:
+            torch.addmm(bias, x[rows], w.t(), out=y[rows])
+    return y[:num_rows]
+
+
 def matmul_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same product in fp32 accumulation, rounded once: what the kernel approximates."""
     y = x.float() @ w.float().t()

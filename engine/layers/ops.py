@@ -9,10 +9,12 @@ On CUDA the same holds through fixed-tile Triton kernels (engine/kernels/): `lin
 the persistent bf16 matmul (or the fp8 one for an `Fp8Weight`), `rms_norm` one program per
 row; neither depends on the number of rows, so there is no chunk loop there.
 A decoding pass (tens to hundreds of rows) runs its bf16 projections inside
-`decoding_matmuls(kernel)`, `ModelRunner.decoding_matmul` naming the kernel: "tiles" (the
-default) the same persistent matmul with tiles chosen for few rows (`matmul.decoding_tiles`,
-the scoring passes' bits), "split_k" the split-K matmul (engine/kernels/matmul_split_k.py,
-invariant by the same argument, other bits), "scoring" the scoring passes' tiles.
+`decoding_matmuls(kernel)`, `ModelRunner.decoding_matmul` naming the kernel: "tiles" the
+same persistent matmul with tiles chosen for few rows (`matmul.decoding_tiles`, the scoring
+passes' bits), "blas" cuBLAS in calls of a fixed BLAS_BLOCK_ROWS rows (`matmul.matmul_blas_blocks`:
+invariant as the CPU path's ROW_CHUNK blocks, other bits), "split_k" the split-K matmul
+(engine/kernels/matmul_split_k.py, invariant by the same argument as the persistent one, other
+bits), "scoring" the scoring passes' tiles.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from engine.kernels.int8_weight import Int8Weight
 ROW_CHUNK = 64  # rows per fixed-shape matmul; the packer aligns contents to it
 SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tree's scored rows to it
 
-DECODING_MATMULS = ("tiles", "split_k", "scoring")  # the kernels a decoding pass's projections may run on
+DECODING_MATMULS = ("tiles", "blas", "split_k", "scoring")  # the kernels a decoding pass's projections may run on
 _DECODING_MATMUL = ContextVar("decoding_matmul", default="scoring")
 
 
@@ -87,6 +89,9 @@ def linear(
         kernel = _DECODING_MATMUL.get() if out_dtype in (None, x.dtype) else "scoring"
         if kernel == "split_k":
             return matmul_split_k.matmul_split_k(x, weight, bias, out=out)
+        if kernel == "blas":
+            y = matmul.matmul_blas_blocks(x, weight, bias)
+            return y if out is None else out.copy_(y)
         tiles = matmul.decoding_tiles(x.shape[0], weight.shape[0]) if kernel == "tiles" else None
         return matmul.matmul(x, weight, bias, tiles=tiles, out_dtype=out_dtype, out=out)
     num_rows = x.shape[0]

@@ -3,7 +3,8 @@ import torch
 from kernel_inputs import fresh
 
 from engine.kernels.matmul import (
-    BF16_TILES, FEW_ROWS, FEW_ROWS_TILES, NARROW_COLS, NARROW_TILES, decoding_tiles, matmul, matmul_reference,
+    BF16_TILES, FEW_ROWS, FEW_ROWS_TILES, NARROW_COLS, NARROW_TILES, decoding_tiles, matmul, matmul_blas_blocks,
+    matmul_reference,
 )
 from engine.layers import ops
 
@@ -69,3 +70,37 @@ def test_gpu_decoding_tiles_give_the_scoring_bits(cuda, name):
         assert torch.equal(matmul(x[:num_rows], w, tiles=tiles), scoring[:num_rows]), (num_rows, tiles)
         with ops.decoding_matmuls("tiles"):
             assert torch.equal(ops.linear(x[-num_rows:], w), scoring[-num_rows:]), num_rows
+
+
+def _rows_keep_their_bits_in_blas_blocks(device, dtype, num_inner: int, num_cols: int, block_rows: int) -> None:
+    """A row's output from matmul_blas_blocks is the same bits alone, among other rows, at any
+    place in any block, and in a last block padded with zeros; close to the fp32 product."""
+    x = fresh((3 * block_rows, num_inner), device, dtype, seed=18)
+    w, bias = fresh((num_cols, num_inner), device, dtype, seed=19, scale=0.02), fresh((num_cols,), device, dtype, seed=20)
+    for b in (None, bias):
+        full = matmul_blas_blocks(x, w, b, block_rows)
+        assert full.shape == (3 * block_rows, num_cols)
+        ref = matmul_reference(x, w, b)
+        assert ((full.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+        for start, stop in [(0, 1), (5, 9), (block_rows - 3, block_rows + 40), (64, 3 * block_rows - 1)]:
+            assert torch.equal(matmul_blas_blocks(x[start:stop], w, b, block_rows), full[start:stop]), (start, stop)
+        moved = torch.cat((x[7:8], x[:7]))  # row 7 at row 0 among other rows
+        assert torch.equal(matmul_blas_blocks(moved, w, b, block_rows)[0], full[7])
+
+
+def test_cpu_blas_blocks_keep_a_rows_bits():
+    _rows_keep_their_bits_in_blas_blocks("cpu", torch.float32, 256, 96, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GEMMA_3_12B))
+def test_gpu_blas_blocks_keep_a_rows_bits(cuda, name):
+    """cuBLAS in calls of BLAS_BLOCK_ROWS rows (the decoding passes' "blas" kernel) on the
+    Gemma-3-12B projections: a row's bits do not depend on the rows beside it."""
+    from engine.kernels.matmul import BLAS_BLOCK_ROWS
+
+    num_cols, num_inner = GEMMA_3_12B[name]
+    _rows_keep_their_bits_in_blas_blocks(cuda, torch.bfloat16, num_inner, num_cols, BLAS_BLOCK_ROWS)
+    x, w = fresh((320, num_inner), cuda, seed=25), fresh((num_cols, num_inner), cuda, seed=26, scale=0.02)
+    with ops.decoding_matmuls("blas"):
+        assert torch.equal(ops.linear(x, w), matmul_blas_blocks(x, w))
