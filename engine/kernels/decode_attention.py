@@ -57,12 +57,12 @@ def decode_attention_reference(
     return out
 
 
-@jit
+@jit(do_not_specialize=["capacity", "num_rows"])  # one compile per (rows block, G, d), not per arena or span size
 def decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, keys_ptr, values_ptr, spans_ptr, mask_ptr, out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_ae, stride_ac, stride_ah, capacity, scale_log2,
-    NUM_ROWS: tl.constexpr, ROWS_BLOCK: tl.constexpr, GROUPS: tl.constexpr, GROUPS_BLOCK: tl.constexpr,
+    stride_ae, stride_ac, stride_ah, capacity, scale_log2, num_rows,
+    ROWS_BLOCK: tl.constexpr, GROUPS: tl.constexpr, GROUPS_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
 ):
     span = tl.program_id(0)
@@ -78,7 +78,7 @@ def decode_attention_kernel(
 
     # 1. this span's new rows into its entry (only this program reads this entry's head)
     new = tl.arange(0, ROWS_BLOCK)
-    is_new = (new < NUM_ROWS)[:, None]
+    is_new = (new < num_rows)[:, None]
     src = (start + new)[:, None].to(tl.int64)
     dst = (first_new + new)[:, None] * stride_ac + dims[None, :]
     tl.store(entry_keys + dst, tl.load(k_ptr + src * stride_kt + head * stride_kh + dims[None, :], mask=is_new),
@@ -91,12 +91,12 @@ def decode_attention_kernel(
     j = tl.arange(0, GROUPS_BLOCK * ROWS_BLOCK)
     g = j // ROWS_BLOCK
     i = j % ROWS_BLOCK
-    is_query = (g < GROUPS) & (i < NUM_ROWS)
+    is_query = (g < GROUPS) & (i < num_rows)
     query_rows = (start + i).to(tl.int64)
     query_heads = head * GROUPS + g
     q = tl.load(q_ptr + query_rows[:, None] * stride_qt + query_heads[:, None] * stride_qh + dims[None, :],
                 mask=is_query[:, None], other=0.0)  # [J, d]
-    row_mask = mask_ptr + (span.to(tl.int64) * NUM_ROWS + i)[:, None] * capacity  # [J, 1] the row's mask
+    row_mask = mask_ptr + (span.to(tl.int64) * num_rows + i)[:, None] * capacity  # [J, 1] the row's mask
     m = tl.full((GROUPS_BLOCK * ROWS_BLOCK,), MASKED, tl.float32)
     total = tl.zeros((GROUPS_BLOCK * ROWS_BLOCK,), tl.float32)
     acc = tl.zeros((GROUPS_BLOCK * ROWS_BLOCK, HEAD_DIM), tl.float32)
@@ -140,8 +140,8 @@ def decode_attention(
     decode_attention_kernel[(spans.shape[0], num_kv_heads)](
         q, k, v, keys, values, spans, mask.view(torch.uint8), out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        keys.stride(0), keys.stride(1), keys.stride(2), keys.shape[1], scale * math.log2(math.e),
-        NUM_ROWS=num_rows, ROWS_BLOCK=rows_block, GROUPS=groups, GROUPS_BLOCK=_next_power_of_2(groups),
+        keys.stride(0), keys.stride(1), keys.stride(2), keys.shape[1], scale * math.log2(math.e), num_rows,
+        ROWS_BLOCK=rows_block, GROUPS=groups, GROUPS_BLOCK=_next_power_of_2(groups),
         HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, MASKED=MASKED, num_warps=4, num_stages=2,
     )
     return out
