@@ -9,10 +9,11 @@ On CUDA the same holds through fixed-tile Triton kernels (engine/kernels/): `lin
 the persistent bf16 matmul (or the fp8 one for an `Fp8Weight`), `rms_norm` one program per
 row; neither depends on the number of rows, so there is no chunk loop there.
 A decoding pass (tens to hundreds of rows) runs its bf16 projections inside
-`decoding_matmuls(kernel)`, `ModelRunner.decoding_matmul` naming the kernel: "tiles" the
-same persistent matmul with tiles chosen for few rows (`matmul.decoding_tiles`, the scoring
-passes' bits), "blas" cuBLAS in calls of a fixed BLAS_BLOCK_ROWS rows (`matmul.matmul_blas_blocks`:
-invariant as the CPU path's ROW_CHUNK blocks, other bits), "split_k" the split-K matmul
+`decoding_matmuls(kernel)`, `ModelRunner.decoding_matmul` naming the kernel: "blas" (the
+default) cuBLAS in calls of a fixed BLAS_BLOCK_ROWS rows (`matmul.matmul_blas_blocks`:
+invariant as the CPU path's ROW_CHUNK blocks, other bits), "tiles" the same persistent
+matmul as the scoring passes with tiles chosen for few rows (`matmul.decoding_tiles`, the
+scoring passes' bits), "split_k" the split-K matmul
 (engine/kernels/matmul_split_k.py, invariant by the same argument as the persistent one, other
 bits), "scoring" the scoring passes' tiles.
 """
@@ -40,7 +41,7 @@ _DECODING_MATMUL = ContextVar("decoding_matmul", default="scoring")
 
 
 @contextmanager
-def decoding_matmuls(kernel: str = "tiles") -> Iterator[None]:
+def decoding_matmuls(kernel: str) -> Iterator[None]:
     """Inside: `linear`'s bf16-output products on CUDA run on `kernel` (one of
     DECODING_MATMULS; the passes of engine/extraction, and a CUDA graph captured inside keeps
     it). CPU: no effect."""

@@ -87,7 +87,7 @@ class ModelRunner:
         # decoding runs keep their passes' shapes and replay them as CUDA graphs (None: on CUDA)
         self.use_decode_graphs = device.type == "cuda" if use_decode_graphs is None else use_decode_graphs
         # the kernel of the decoding passes' bf16 projections (ops.DECODING_MATMULS; docs/extraction.md, Cost)
-        self.decoding_matmul = "tiles"
+        self.decoding_matmul = "blas"
         # how the decoding passes' attention runs on CUDA (decode_attention.DECODING_ATTENTION)
         self.decoding_attention = "triton"
 
