@@ -179,7 +179,7 @@ def _decode(jobs: list[SlotJob], runner: ModelRunner, max_num_rows: int, vocab: 
             for group in layout:
                 if all(job.state.is_done for job in group):
                     continue
-                batch = prepare_decode_batch(group, vocab, store)
+                batch = prepare_decode_batch(group, vocab, store, runner.decoding_row_multiple())
                 candidates = runner.decode(batch, graphs)
                 for job, span in zip(batch.jobs, batch.decode.spans, strict=True):
                     if span.num_real:  # not a held (finished) slot
@@ -240,11 +240,12 @@ def _groups(jobs: list[SlotJob], max_num_rows: int) -> list[list[SlotJob]]:
     return groups
 
 
-def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore) -> DecodeBatch:
-    """The jobs' next rows; each live job's K/V gets room for them in `store` first (a finished
-    job in the list is held in place: padding rows in its arena entry)."""
+def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore, row_multiple: int = ROW_CHUNK) -> DecodeBatch:
+    """The jobs' next rows (padded to a multiple of `row_multiple`: the runner's
+    `decoding_row_multiple`); each live job's K/V gets room for them in `store` first (a
+    finished job in the list is held in place: padding rows in its arena entry)."""
     _reserve([job for job in jobs if not job.state.is_done], store)
-    spans, input_ids, positions = decode_rows(jobs)
+    spans, input_ids, positions = decode_rows(jobs, row_multiple)
     needs = [need for job, span in zip(jobs, spans, strict=True)
              for need in (job.decoder.needs(job.state, vocab) if span.num_real else [])
              + [None] * (span.num_rows - span.num_real)]
@@ -254,10 +255,10 @@ def prepare_decode_batch(jobs: list[SlotJob], vocab: SlotVocab, store: KVStore) 
     )
 
 
-def decode_rows(jobs: list[SlotJob]) -> tuple[list[DecodeSpan], torch.Tensor, torch.Tensor]:
+def decode_rows(jobs: list[SlotJob], row_multiple: int = ROW_CHUNK) -> tuple[list[DecodeSpan], torch.Tensor, torch.Tensor]:
     """Each job's live hypotheses as the next rows (its last token at its next position), a span
     of SCORE_CHUNK-padded rows per job (a finished job: a held span of padding) -> (spans,
-    input ids [T], positions [T]), T padded to ROW_CHUNK."""
+    input ids [T], positions [T]), T padded to a multiple of `row_multiple` (itself one of ROW_CHUNK)."""
     input_ids: list[int] = []
     positions: list[int] = []
     spans: list[DecodeSpan] = []
@@ -276,6 +277,6 @@ def decode_rows(jobs: list[SlotJob]) -> tuple[list[DecodeSpan], torch.Tensor, to
         mask = decode_mask(job.kv, [hyp.rows for hyp in live], num_rows)
         spans.append(DecodeSpan(start, num_rows, len(live), job.kv, mask, torch.tensor(new_positions, dtype=torch.long),
                                 job.kv.num_rows))
-    num_pad = padded(len(input_ids), ROW_CHUNK) - len(input_ids)
+    num_pad = padded(len(input_ids), row_multiple) - len(input_ids)
     return (spans, torch.tensor(input_ids + [PAD_TOKEN_ID] * num_pad, dtype=torch.long),
             torch.tensor(positions + [0] * num_pad, dtype=torch.long))

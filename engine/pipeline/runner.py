@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.kernels.logprobs import option_logprobs, row_logsumexp
+from engine.kernels.matmul import BLAS_BLOCK_ROWS
 from engine.layers.attention import AttentionMetadata
 from engine.layers.decode_attention import DecodeMetadata, decoding_attention
-from engine.layers.ops import SCORE_CHUNK, decoding_matmuls, to_device
+from engine.layers.ops import ROW_CHUNK, SCORE_CHUNK, decoding_matmuls, to_device
 from engine.pipeline.decode_graphs import DecodeGraphs, device_inputs
 from engine.pipeline.launch_clock import LaunchClock
 from engine.pipeline.stages import PackedBatch, RunnerOutput
@@ -159,6 +160,13 @@ class ModelRunner:
         if batch.slot_index is not None:
             output.slot_kv = batch.attention.capture.split()
         return _Launched(batch, output, _record_event(self.device), started)
+
+    def decoding_row_multiple(self) -> int:
+        """What a decoding pass's rows are padded to a multiple of: the row block of the
+        "blas" decoding matmul on CUDA (so no projection pads its input again), else ROW_CHUNK."""
+        if self.device.type == "cuda" and self.decoding_matmul == "blas":
+            return BLAS_BLOCK_ROWS
+        return ROW_CHUNK
 
     def decode_graphs(self) -> DecodeGraphs | None:
         """A decoding run's graphs (engine/pipeline/decode_graphs.py), when `use_decode_graphs`:

@@ -66,3 +66,20 @@ def test_a_layout_is_packed_again_when_a_pass_outgrows_the_budget_or_a_graph():
     jobs = _jobs([5] * 16)
     assert _wants_new_layout(_groups(jobs, 16384), jobs, 16384, 64)  # 128 rows: more than a graph takes
     assert _wants_new_layout([], jobs, 16384, 2048)  # no layout yet
+
+
+def test_a_pass_is_padded_to_the_runners_row_multiple():
+    """On CUDA with the "blas" decoding matmul a pass's rows are a multiple of its row block
+    (no projection pads them again); otherwise of ROW_CHUNK (the CPU's linear blocks)."""
+    import torch
+
+    from engine.kernels.matmul import BLAS_BLOCK_ROWS
+    from engine.layers.ops import ROW_CHUNK
+    from engine.pipeline.runner import ModelRunner
+
+    cuda = ModelRunner(torch.nn.Identity(), torch.device("cuda"), use_decode_graphs=False)
+    assert cuda.decoding_matmul == "blas" and cuda.decoding_row_multiple() == BLAS_BLOCK_ROWS
+    cuda.decoding_matmul = "tiles"
+    assert cuda.decoding_row_multiple() == ROW_CHUNK
+    assert ModelRunner(torch.nn.Identity(), torch.device("cpu")).decoding_row_multiple() == ROW_CHUNK
+    assert BLAS_BLOCK_ROWS % ROW_CHUNK == 0

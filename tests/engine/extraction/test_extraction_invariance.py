@@ -248,3 +248,24 @@ def test_packing_an_arena_to_its_front_keeps_each_slots_rows_and_outputs():
     for out, reference in results:
         assert torch.allclose(out, reference, atol=1e-5)
     assert torch.equal(results[1][0], expected)  # bit for bit with the slot's never-packed pass
+
+
+def test_passes_padded_to_a_larger_row_multiple_give_the_same_bits(tiny_engine, monkeypatch):
+    """A decoding pass padded to 384 rows (the "blas" decoding matmul's row block on CUDA)
+    gives every answer, p, residual and floor bit for bit as one padded to ROW_CHUNK."""
+    from engine.pipeline.runner import ModelRunner
+
+    requests = _others()[:2] + [_request(TARGET, QUERIES)]
+    plain = [r.model_dump() for r in tiny_engine("gemma3_text").score_requests(requests).results]
+    rows = []
+    monkeypatch.setattr(ModelRunner, "decoding_row_multiple", lambda self: 384)
+    decode = ModelRunner.decode
+
+    def noting(self, batch, graphs=None):
+        rows.append(batch.input_ids.shape[0])
+        return decode(self, batch, graphs)
+
+    monkeypatch.setattr(ModelRunner, "decode", noting)
+    padded = [r.model_dump() for r in tiny_engine("gemma3_text").score_requests(requests).results]
+    assert padded == plain
+    assert rows and all(n % 384 == 0 for n in rows)
