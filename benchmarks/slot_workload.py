@@ -74,7 +74,7 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                                            for kind in ("eager", "capture")}
     row["by_kind"] = {kind: slot_kind_row(run_spinf, engine, plain, chosen, args.repeats, bf16_row)
                       for kind, chosen in slot_kinds(slot_queries).items()}
-    if engine.runner.use_decode_graphs:
+    if engine.runner.use_decode_graphs and getattr(args, "slot_variants", True):
         row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
         from engine.layers.decode_attention import DECODING_ATTENTION
         from engine.layers.ops import DECODING_MATMULS

@@ -202,6 +202,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tag", default="", help="what else this run varies, ending the file name (e.g. budget8192)")
     parser.add_argument("--slots", type=int, default=0,
                         help="also time spinf_bf16 with the first N extraction slots of fixtures/benchmarks/<workload>-slots.json")
+    parser.add_argument("--no-slot-variants", dest="slot_variants", action="store_false",
+                        help="with --slots: skip the same-run variants (eager, other decoding kernels, compact layout)")
     parser.add_argument("--profile", action="store_true", help="write a per-op table of one run of each spinf system")
     parser.add_argument("--results-dir", default=None, help="write the result pair here, not in benchmarks/results/")
     return parser.parse_args()
