@@ -19,8 +19,6 @@ docstring states the batch-invariance argument for the shapes used here.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import decode_attention as decode_attention_kernels
-from engine.layers.ops import to_device
+from engine.layers.ops import chosen, to_device
 
 if TYPE_CHECKING:
     from engine.extraction.kv_cache import KVArena, SlotKV
@@ -39,16 +37,9 @@ DECODING_ATTENTION = ("triton", "sdpa")  # how a decoding pass's attention runs 
 _DECODING_ATTENTION = ContextVar("decoding_attention", default="triton")
 
 
-@contextmanager
-def decoding_attention(kernel: str = "triton") -> Iterator[None]:
+def decoding_attention(kernel: str):
     """Inside: `decode_attention` on CUDA runs as `kernel` (one of DECODING_ATTENTION)."""
-    if kernel not in DECODING_ATTENTION:
-        raise ValueError(f"decoding_attention: kernel {kernel!r} is not one of {DECODING_ATTENTION}")
-    token = _DECODING_ATTENTION.set(kernel)
-    try:
-        yield
-    finally:
-        _DECODING_ATTENTION.reset(token)
+    return chosen(_DECODING_ATTENTION, kernel, DECODING_ATTENTION)
 
 
 @dataclass(slots=True)

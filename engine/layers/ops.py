@@ -41,17 +41,22 @@ _DECODING_MATMUL = ContextVar("decoding_matmul", default="scoring")
 
 
 @contextmanager
-def decoding_matmuls(kernel: str) -> Iterator[None]:
-    """Inside: `linear`'s bf16-output products on CUDA run on `kernel` (one of
-    DECODING_MATMULS; the passes of engine/extraction, and a CUDA graph captured inside keeps
-    it). CPU: no effect."""
-    if kernel not in DECODING_MATMULS:
-        raise ValueError(f"decoding_matmuls: kernel {kernel!r} is not one of {DECODING_MATMULS}")
-    token = _DECODING_MATMUL.set(kernel)
+def chosen(var: ContextVar, value: str, choices: tuple[str, ...]) -> Iterator[None]:
+    """`var` set to `value`, one of `choices`, inside the block (a ValueError naming them else)."""
+    if value not in choices:
+        raise ValueError(f"{var.name}: {value!r} is not one of {choices}")
+    token = var.set(value)
     try:
         yield
     finally:
-        _DECODING_MATMUL.reset(token)
+        var.reset(token)
+
+
+def decoding_matmuls(kernel: str):
+    """Inside: `linear`'s bf16-output products on CUDA run on `kernel` (one of
+    DECODING_MATMULS; the passes of engine/extraction, and a CUDA graph captured inside keeps
+    it). CPU: no effect."""
+    return chosen(_DECODING_MATMUL, kernel, DECODING_MATMULS)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
