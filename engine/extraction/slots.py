@@ -14,7 +14,9 @@ token sets on the model's device once, for engine/extraction/select.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import regex
 import torch
@@ -62,6 +64,16 @@ class SlotSpec:
         return self.kind in (NUMBER_SLOT, MONEY_SLOT)
 
 
+def text_of(tokenizer) -> Callable[[list[int]], str]:
+    """`tokenizer.decode`, or the Rust tokenizer's own decode where that gives the same text (a
+    tokenizer backed by one that cleans up no spaces): the beam decodes every candidate's text,
+    and transformers' wrapper converts its arguments at every call."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer.decode
+    return partial(backend.decode, skip_special_tokens=False)  # transformers' default; the Rust one's is True
+
+
 def slot_spec(query: Query) -> SlotSpec:
     parsed = query.parsed_template
     return SlotSpec(parsed.slot, parsed.tail, query.mode, query.beam_width, query.num_max_tokens,
@@ -80,6 +92,7 @@ class SlotVocab:
     anchor_ids: list[int]  # decode(anchor + ids) minus decode(anchor): context-true text
     anchor_text: str
     tokenizer: object = field(repr=False)
+    _decode: Callable[[list[int]], str] | None = field(default=None, repr=False)  # `text_of`: set on first use
     _allowed: dict[tuple[str, str], tuple[list[int], torch.Tensor]] = field(default_factory=dict, repr=False)
     _tables: dict[torch.device, VocabTables] = field(default_factory=dict, repr=False)
 
@@ -100,7 +113,9 @@ class SlotVocab:
 
     def continuation_text(self, ids: list[int]) -> str:
         """The text of an answer's tokens as they read after the prompt."""
-        return self.tokenizer.decode(self.anchor_ids + list(ids))[len(self.anchor_text):]
+        if self._decode is None:
+            self._decode = text_of(self.tokenizer)
+        return self._decode(self.anchor_ids + list(ids))[len(self.anchor_text):]
 
     def grammar_ids(self, kind: str) -> list[int]:
         return self.number_ids if kind == NUMBER_SLOT else self.money_ids

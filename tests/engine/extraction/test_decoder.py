@@ -6,6 +6,8 @@ exactly their rules: the beam, closing text, grammars, merging, residual, genera
 """
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -231,3 +233,26 @@ def test_select_gives_each_row_what_it_would_get_alone(vocab):
         assert alone.end == together[row].end
         assert (alone.full is None) == (together[row].full is None)
     assert torch.equal(together[3].full, rows[3].double())
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3_text", "tiny-qwen3"])
+def test_continuation_text_is_the_tokenizers_decode(name):
+    """SlotVocab decodes answers through the Rust tokenizer where the tokenizer cleans up no
+    spaces: the same text as transformers' decode, special tokens and all."""
+    import random
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    import random_models
+
+    from engine.extraction.slots import text_of
+
+    tokenizer = random_models.tokenizer_for(name)
+    assert text_of(tokenizer) is not tokenizer.decode  # the fast path is taken for these tokenizers
+    rng = random.Random(0)
+    specials = list(tokenizer.all_special_ids)
+    for _ in range(300):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 8))] + rng.sample(specials, 1)
+        rng.shuffle(ids)
+        assert text_of(tokenizer)(ids) == tokenizer.decode(ids), ids
+    tokenizer.clean_up_tokenization_spaces = True
+    assert text_of(tokenizer) == tokenizer.decode  # a tokenizer that cleans up keeps transformers' decode
