@@ -78,8 +78,10 @@ from prompt_packs.registry import PackRegistry
 FIRST_PASS_TOKENS = 8192
 ENGINE_VERSION = "0.3.0"  # bump when a change can move any score (0.2.0: tree nodes in preorder; 0.3.0: siblings in order of first appearance)
 # the CUDA numerics: batch-invariant Triton matmul/norm kernels + flex_attention with 64-token tiles
-# + the row log-sum-exp kernel for log-softmax at the scored rows
-CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel+gated-act+norm-fp8"
+# + the row log-sum-exp kernel for log-softmax at the scored rows; extraction slots' decoding passes:
+# projections on cuBLAS in 384-row calls, attention in the Triton decoding kernel (ModelRunner's
+# defaults: its decoding_matmul / decoding_attention switches are for benchmarks' same-run comparisons)
+CUDA_KERNELS = "triton-invariant-v1+flex64+lse-kernel+gated-act+norm-fp8+decode-blas384+decode-attn-triton64"
 
 
 @contextmanager
