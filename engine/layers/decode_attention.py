@@ -107,7 +107,7 @@ class DecodeGroup:
         repeated for the G query heads folded into each kv head (SDPA's); num_groups None:
         [P, n, C], the same per span (the Triton kernel's)."""
         mask = self.mask
-        if sliding_window is not None:
+        if sliding_window is not None and int(self.positions.max()) >= sliding_window:  # else no key is out of it
             mask = mask & (self.positions[:, :, None] - self.key_positions[:, None, :] < sliding_window)
         if num_groups is None:
             return mask[self.entries]

@@ -51,3 +51,16 @@ def test_bias_is_made_once_per_pass_and_is_no_graph_input():
     first = group.attention_bias(None, cpu, 2, torch.float32)
     assert group.attention_bias(None, cpu, 2, torch.float32) is first
     assert group.mask_keys() == [(None, cpu, 2)]
+
+
+@pytest.mark.parametrize("window", [40, 64, 65, 1024])
+def test_a_window_no_query_reaches_leaves_the_mask_as_it_is(window):
+    """host_mask skips the window's arithmetic when every query sits below the window (key
+    positions are never negative, so no key is out of it): the same mask either way."""
+    gen = torch.Generator().manual_seed(7)
+    group = _group(4, 8, 64, gen)  # query positions below 64
+    windowed = group.mask & (group.positions[:, :, None] - group.key_positions[:, None, :] < window)
+    b, n, c = windowed.shape
+    assert torch.equal(group.host_mask(window, None), windowed[group.entries])
+    assert torch.equal(group.host_mask(window, 2),
+                       windowed[:, None, None].expand(b, 1, 2, n, c).reshape(b, 1, 2 * n, c))
