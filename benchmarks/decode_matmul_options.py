@@ -46,7 +46,6 @@ CONFIGS = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages); the 
     (64, 32, 128, 8, 4, 6),
     (64, 256, 64, 8, 4, 4),
     (64, 256, 64, 8, 4, 3),
-    (128, 256, 64, 8, 8, 4),
     (128, 128, 128, 8, 8, 3),
     (64, 128, 64, 8, 4, 6),
     (128, 64, 128, 8, 4, 4),
@@ -58,6 +57,11 @@ SPLIT_K = [  # (block_m, block_n, block_k, group_m, num_warps, num_stages, parts
     (128, 256, 64, 16, 8, 3, 2),
 ]
 COLD_BYTES = 256 << 20  # the weight copies a timing cycles over: 5x the H100's 50 MB L2
+
+
+def weight_ring(w: torch.Tensor):
+    """w and copies of it, cycled without end: COLD_BYTES in all, so no call finds its weight in L2."""
+    return itertools.cycle([w] + [w.clone() for _ in range(-(-COLD_BYTES // (w.numel() * w.element_size())) - 1)])
 
 
 def copy_gbps() -> float:
@@ -74,7 +78,7 @@ def rows_for(num_rows: int, gbps: float) -> list[dict]:
     for name, (n, k) in SHAPES.items():
         x = torch.randn(num_rows, k, device="cuda", generator=gen).to(torch.bfloat16)
         w = (torch.randn(n, k, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-        ring = itertools.cycle([w] + [w.clone() for _ in range(-(-COLD_BYTES // (w.numel() * 2)) - 1)])
+        ring = weight_ring(w)
         scoring = matmul.matmul(x, w, tiles=matmul.TileConfig(*CONFIGS[0]))
         chosen = dataclasses.astuple(matmul.decoding_tiles(num_rows, n))
         row = {"rows": num_rows, "shape": name, "N": n, "K": k,
@@ -101,7 +105,7 @@ def cublas_by_rows(max_rows: int = 1024, step: int = 64) -> list[dict]:
     out = []
     for name, (n, k) in SHAPES.items():
         w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
-        ring = itertools.cycle([w] + [w.clone() for _ in range(-(-COLD_BYTES // (w.numel() * 2)) - 1)])
+        ring = weight_ring(w)
         x = torch.randn(max_rows, k, device="cuda").to(torch.bfloat16)
         out.append({"shape": name, "us": {rows: bench(lambda r=rows: x[:r] @ next(ring).t()) * 1e6
                                           for rows in range(step, max_rows + 1, step)}})

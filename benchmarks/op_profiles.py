@@ -13,7 +13,7 @@ import time
 
 import torch
 from result_files import result_path
-from slot_workload import load_slot_queries, with_slots
+from slot_workload import DECODING_SETTINGS, load_slot_queries, with_slots
 
 from contract.protocol import ScoringRequest
 
@@ -75,13 +75,13 @@ def profile_slots(engine, workload, args, result: dict, setting: tuple[str, str]
     chosen = getattr(engine.runner, name)
     engine.runner.use_decode_graphs, Extraction.run = False, profiled
     setattr(engine.runner, name, value)
+    settings = {key: getattr(engine.runner, key) for key in DECODING_SETTINGS}  # as profiled
     try:
         engine.score_batch(compiled)
     finally:
         engine.runner.use_decode_graphs, Extraction.run = True, run
         setattr(engine.runner, name, chosen)
     prof, seconds = profiles[0]
-    settings = {key: value if key == name else getattr(engine.runner, key) for key in ("decoding_matmul", "decoding_attention")}
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
     system = f"spinf_bf16_slots_{value}" if setting else "spinf_bf16_slots"
     head = (f"{system}: the decoding of one score_batch of {result['workload']} ({result['num_texts']} texts,"

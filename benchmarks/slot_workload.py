@@ -10,7 +10,7 @@ read for the option queries). Time the two phases apart with the runner's `run` 
 `run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
 of them and each kind alone (search, generate); on CUDA also with eager decoding (no CUDA
 graphs), with the decoding projections on each other kernel of ops.DECODING_MATMULS and
-the decoding attention on each other of decode_attention.DECODING_ATTENTION (`setting_rows`), and with the layout packed again at half held (`compact_at_half_row`)
+the decoding attention on each other of decode_attention.DECODING_ATTENTION (`setting_row`), and with the layout packed again at half held (`compact_at_half_row`)
 in the same run,
 and one more run by part (`decode_breakdown`).
 """
@@ -21,6 +21,11 @@ import json
 
 from benchmarks.workloads import FIXTURES
 from contract.protocol import ScoringRequest
+from engine.layers.decode_attention import DECODING_ATTENTION
+from engine.layers.ops import DECODING_MATMULS
+
+DECODING_SETTINGS = {"decoding_matmul": DECODING_MATMULS,  # ModelRunner attribute -> its choices
+                     "decoding_attention": DECODING_ATTENTION}
 
 
 def load_slot_queries(name: str, num_slots: int | None = None) -> list[dict]:
@@ -76,13 +81,12 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                       for kind, chosen in slot_kinds(slot_queries).items()}
     if engine.runner.use_decode_graphs and getattr(args, "slot_variants", True):
         row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
-        from engine.layers.decode_attention import DECODING_ATTENTION
-        from engine.layers.ops import DECODING_MATMULS
-
-        for setting, choices in (("decoding_matmul", DECODING_MATMULS), ("decoding_attention", DECODING_ATTENTION)):
+        for setting in DECODING_SETTINGS:
             row[setting] = getattr(engine.runner, setting)
-            row[f"other_{setting}"] = setting_rows(run_spinf, engine, requests, args.repeats, bf16_row,
-                                                   num_slot_answers, setting, choices)
+            row[f"other_{setting}"] = {}
+        for setting, choice in other_decoding_settings(engine.runner):
+            row[f"other_{setting}"][choice] = setting_row(run_spinf, engine, requests, args.repeats, bf16_row,
+                                                          num_slot_answers, setting, choice)
         row["compact_at_half_held"] = compact_at_half_row(run_spinf, engine, requests, args.repeats, bf16_row,
                                                           num_slot_answers)
     return row
@@ -114,22 +118,21 @@ def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats:
     return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, eager)
 
 
-def setting_rows(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
-                 num_slot_answers: int, setting: str, choices: tuple[str, ...]) -> dict[str, dict]:
-    """The same requests with the runner's `setting` (decoding_matmul: the decoding passes'
-    projections, ops.DECODING_MATMULS; decoding_attention: their attention,
-    decode_attention.DECODING_ATTENTION) at each of `choices` other than its own, by choice."""
+def other_decoding_settings(runner) -> list[tuple[str, str]]:
+    """(setting, choice) for every choice of DECODING_SETTINGS other than the runner's own."""
+    return [(setting, choice) for setting, choices in DECODING_SETTINGS.items() for choice in choices
+            if choice != getattr(runner, setting)]
+
+
+def setting_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                num_slot_answers: int, setting: str, choice: str) -> dict:
+    """The same requests with the runner's `setting` (a key of DECODING_SETTINGS) at `choice`."""
     chosen = getattr(engine.runner, setting)
-    rows = {}
-    for choice in choices:
-        if choice == chosen:
-            continue
 
-        def use(on: bool, choice: str = choice) -> None:
-            setattr(engine.runner, setting, choice if on else chosen)
+    def use(on: bool) -> None:
+        setattr(engine.runner, setting, choice if on else chosen)
 
-        rows[choice] = variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, use)
-    return rows
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, use)
 
 
 def variant_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,

@@ -45,7 +45,7 @@ from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
 from op_profiles import profile_pass, profile_slots  # noqa: E402
 from result_files import git_commit  # noqa: E402
-from slot_workload import run_slots  # noqa: E402
+from slot_workload import other_decoding_settings, run_slots  # noqa: E402
 from throughput_report import speedups, write_result  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -255,8 +255,7 @@ def main() -> None:
         print("spinf_bf16_slots", _brief(systems["spinf_bf16_slots"]), flush=True)
         write_result(result, final=False)
         if args.profile:
-            for setting in (None, ("decoding_matmul", "blas"), ("decoding_matmul", "scoring"),
-                            ("decoding_matmul", "split_k"), ("decoding_attention", "sdpa")):
+            for setting in (None, *other_decoding_settings(engine.runner)):
                 print(profile_slots(engine, workload, args, result, setting), flush=True)
 
     prefix_items = items[: args.prefix_texts]

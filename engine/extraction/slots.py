@@ -92,7 +92,7 @@ class SlotVocab:
     anchor_ids: list[int]  # decode(anchor + ids) minus decode(anchor): context-true text
     anchor_text: str
     tokenizer: object = field(repr=False)
-    _decode: Callable[[list[int]], str] | None = field(default=None, repr=False)  # `text_of`: set on first use
+    decode: Callable[[list[int]], str] = field(repr=False)  # token ids -> text: `text_of(tokenizer)`
     _allowed: dict[tuple[str, str], tuple[list[int], torch.Tensor]] = field(default_factory=dict, repr=False)
     _tables: dict[torch.device, VocabTables] = field(default_factory=dict, repr=False)
 
@@ -109,13 +109,11 @@ class SlotVocab:
         number_ids = [i for i, t in enumerate(texts) if t and set(t) <= _NUMBER_CHARS and i not in special]
         money_ids = [i for i, t in enumerate(texts) if _is_money_piece(t) and i not in special]
         return SlotVocab(texts, sorted(special), frozenset(special), number_ids, money_ids, anchor_ids, anchor_text,
-                         tokenizer)
+                         tokenizer, text_of(tokenizer))
 
     def continuation_text(self, ids: list[int]) -> str:
         """The text of an answer's tokens as they read after the prompt."""
-        if self._decode is None:
-            self._decode = text_of(self.tokenizer)
-        return self._decode(self.anchor_ids + list(ids))[len(self.anchor_text):]
+        return self.decode(self.anchor_ids + list(ids))[len(self.anchor_text):]
 
     def grammar_ids(self, kind: str) -> list[int]:
         return self.number_ids if kind == NUMBER_SLOT else self.money_ids

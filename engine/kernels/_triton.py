@@ -30,3 +30,8 @@ def num_sms(device) -> int:
     if torch.device(device).type != "cuda":  # TRITON_INTERPRET=1 runs kernels on CPU tensors
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1): a block size that covers n."""
+    return 1 << (n - 1).bit_length()

@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from engine.kernels._triton import HAS_TRITON, jit, tl
+from engine.kernels._triton import HAS_TRITON, jit, next_power_of_2, tl
 
 SPAN_FIELDS = 5  # start, entry, first_new, key_lo, key_hi
 BLOCK_N = 64  # keys per step of a program's loop (fixed: changing it changes the sums)
@@ -136,12 +136,12 @@ def decode_attention(
     check_inputs(q, k, v, keys, values, spans, mask, num_rows, out)
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     groups = q.shape[1] // num_kv_heads
-    rows_block = max(_next_power_of_2(num_rows), 16 // _next_power_of_2(groups), 1)  # tl.dot needs 16 query rows
+    rows_block = max(next_power_of_2(num_rows), 16 // next_power_of_2(groups), 1)  # tl.dot needs 16 query rows
     decode_attention_kernel[(spans.shape[0], num_kv_heads)](
         q, k, v, keys, values, spans, mask.view(torch.uint8), out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), keys.shape[1], scale * math.log2(math.e), num_rows,
-        ROWS_BLOCK=rows_block, GROUPS=groups, GROUPS_BLOCK=_next_power_of_2(groups),
+        ROWS_BLOCK=rows_block, GROUPS=groups, GROUPS_BLOCK=next_power_of_2(groups),
         HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, MASKED=MASKED, num_warps=4, num_stages=2,
     )
     return out
@@ -163,7 +163,3 @@ def check_inputs(q, k, v, keys, values, spans, mask, num_rows: int, out) -> None
     if mask.dtype != torch.bool or tuple(mask.shape) != (spans.shape[0], num_rows, keys.shape[1]) \
             or not mask.is_contiguous() or not spans.is_contiguous():
         raise ValueError(f"decode_attention: mask must be a contiguous [P, n, C] bool, got {tuple(mask.shape)} {mask.dtype}")
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()

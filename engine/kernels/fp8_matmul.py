@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels._triton import HAS_TRITON, jit, num_sms, tl
+from engine.kernels._triton import HAS_TRITON, jit, next_power_of_2, num_sms, tl
 from engine.kernels.matmul import TileConfig, _tile_coords, output_buffer, triton_cdiv
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -97,7 +97,7 @@ def fp8_linear_reference(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor 
 
 def row_block(num_cols: int) -> int:
     """The block of a kernel that holds a whole row of num_cols (a power of two, at least 16)."""
-    return max(16, 1 << (num_cols - 1).bit_length())
+    return max(16, next_power_of_2(num_cols))
 
 
 @jit

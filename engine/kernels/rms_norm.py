@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels._triton import HAS_TRITON, jit, tl
+from engine.kernels._triton import HAS_TRITON, jit, next_power_of_2, tl
 from engine.kernels.fp8_matmul import (
     FP8_DTYPE,
     FP8_MAX,
@@ -135,6 +135,6 @@ def qk_norm_rope(
     if num_rows_out:
         qk_norm_rope_kernel[(num_rows_out,)](
             x, weight, cos, sin, y, x.stride(0), x.stride(1), num_heads, num_tokens, eps, weight_offset,
-            HALF=head_dim // 2, BLOCK_H=max(2, 1 << (num_heads - 1).bit_length()), num_warps=4,
+            HALF=head_dim // 2, BLOCK_H=max(2, next_power_of_2(num_heads)), num_warps=4,
         )
     return y

@@ -70,7 +70,6 @@ class DecodeGroup:
     mask: torch.Tensor  # [B, n, C] bool
     positions: torch.Tensor  # [B, n] long positions of the queries
     key_positions: torch.Tensor  # [B, C] long positions of the keys (0 past a slot's rows)
-    entries: torch.Tensor  # [P] long each span's entry - first_entry
     spans: torch.Tensor  # [P, 5] int32 per span (start, entry, first_new, key_lo, key_hi): the Triton kernel's
     _on: dict = field(default_factory=dict, repr=False)  # device / (window, device, G) -> tensors there
     _biases: dict = field(default_factory=dict, repr=False)  # (window, device, G, dtype) -> [B, 1, G * n, C] bias
@@ -109,8 +108,8 @@ class DecodeGroup:
         mask = self.mask
         if sliding_window is not None and int(self.positions.max()) >= sliding_window:  # else no key is out of it
             mask = mask & (self.positions[:, :, None] - self.key_positions[:, None, :] < sliding_window)
-        if num_groups is None:
-            return mask[self.entries]
+        if num_groups is None:  # the spans' entries, in span order
+            return mask[self.spans[:, 1].long() - self.first_entry]
         b, n, c = mask.shape
         return mask[:, None, None].expand(b, 1, num_groups, n, c).reshape(b, 1, num_groups * n, c)
 
@@ -174,7 +173,7 @@ def _group(spans: list[DecodeSpan]) -> DecodeGroup:
     return DecodeGroup(arena, first, num_entries, n, tensor(query_rows.reshape(-1)), tensor(rows.reshape(-1)),
                        tensor((((entry_of * capacity + first_new)[:, None]) + new).reshape(-1)),
                        tensor((entries[:, None] * n + new).reshape(-1)), tensor(mask), tensor(positions),
-                       tensor(key_positions), tensor(entries), tensor(span_table.astype(np.int32)))
+                       tensor(key_positions), tensor(span_table.astype(np.int32)))
 
 
 def decode_attention(
