@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (through the device tool): install the carried wheels, then run
 # the stages named in $@ (tests[:<test path>, default tests/engine], kernels, decodemm[:<rows,...>], flex, gatedact, throughput:<model>:<workload>[:extra args],
-# parity:<model>, worker:<model>:<workload>[:extra args] and service:<model>:<workload>[:extra args]:
+# parity:<model>, script:<path to a python script>[:<its args>], worker:<model>:<workload>[:extra args] and service:<model>:<workload>[:extra args]:
 # these two and tests also need the .whl-worker wheels). Tokenizers come as .tok/ or, smaller, as
 # .tokgz/<name>.tgz (unpacked into .tok/ here).
 # Each script writes its result into benchmarks/results/ under the name of what it measures
@@ -38,6 +38,7 @@ for stage in "$@"; do
       timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/worker_throughput.py --model "$model" --workload "$workload" $extra 2>&1 | tee "$OUT/worker-$workload-$model-$num.log" | grep -v Warning | tail -20 ;;
     service) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl-worker/*.whl || exit 1
       timeout "${STAGE_TIMEOUT:-3000}" python3 benchmarks/service_load.py --model "$model" --workload "$workload" $extra 2>&1 | tee "$OUT/service-$workload-$model-$num.log" | grep -v Warning | tail -30 ;;
+    script) timeout "${STAGE_TIMEOUT:-3000}" python3 "$model" $workload $extra 2>&1 | tee "$OUT/script-$num.log" | grep -v Warning | tail -120 ;;
     parity) python3 benchmarks/gpu_parity.py --model "$model" --layer-std 0.5 --logit-std 4 1 $extra 2>&1 | tee "$OUT/parity-$model-$num.log" | tail -20 ;;
   esac
   find benchmarks/results -type f -newer /tmp/run.start -exec cp {} "$OUT/results/" \;

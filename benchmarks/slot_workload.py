@@ -87,6 +87,8 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
         for setting, choice in other_decoding_settings(engine.runner):
             row[f"other_{setting}"][choice] = setting_row(run_spinf, engine, requests, args.repeats, bf16_row,
                                                           num_slot_answers, setting, choice)
+        row["trunks_unshared"] = trunks_unshared_row(run_spinf, engine, requests, args.repeats, bf16_row,
+                                                     num_slot_answers)
         row["compact_at_half_held"] = compact_at_half_row(run_spinf, engine, requests, args.repeats, bf16_row,
                                                           num_slot_answers)
     return row
@@ -106,6 +108,18 @@ def compact_at_half_row(run_spinf, engine, requests: list[ScoringRequest], repea
 
     return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, compact_at_half) | {
         "held_rows_worth_compacting": 0}
+
+
+def trunks_unshared_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                       num_slot_answers: int) -> dict:
+    """The same requests with every slot reading its own copy of the prompt rows it shares
+    with the other slots of its content (engine/layers/decode_attention.py SHARED_TRUNKS = False)."""
+    from engine.layers import decode_attention
+
+    def unshared(on: bool) -> None:
+        decode_attention.SHARED_TRUNKS = not on
+
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, unshared)
 
 
 def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,

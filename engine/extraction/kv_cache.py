@@ -19,6 +19,11 @@
 So a content is read once, a slot's rows are never re-copied per step, and a pass runs one
 SDPA per layer for each (capacity, rows) pair present (a few, not one per slot).
 
+Trunk: the slots of one tree share their path's first rows (the content, and the template up
+to where their questions part: `Trunk.num_rows`, from the packer). Each slot's entry holds its
+own copy of them, the same values; the Triton decoding attention reads one sibling's copy for
+all of them (`DecodeGroup.spans`' trunk columns), so those reads can come from the L2 cache.
+
 Batch invariance (a slot's answers do not depend on what is decoded beside it):
 - A slot's attention problem has shapes that depend only on that slot: n query rows (its live
   hypotheses padded to SCORE_CHUNK; with GQA its Hq/Hkv query heads folded into G·n rows of
@@ -61,6 +66,15 @@ def capacity_for(num_rows: int) -> int:
 
 
 @dataclass(slots=True, eq=False)
+class Trunk:
+    """The prompt rows the slots of one tree (one content) share, read in one pass: each of
+    them holds a copy of these rows, the same values (the decoding attention may read one
+    sibling's copy for all of them: engine/kernels/decode_attention.py)."""
+
+    num_rows: int  # the first num_rows kept rows of every slot with this trunk are the same
+
+
+@dataclass(slots=True, eq=False)
 class SlotKV:
     """One slot's keys and values: the prompt path, then every decoded token."""
 
@@ -70,6 +84,7 @@ class SlotKV:
     num_prompt_rows: int  # rows 0..num_prompt_rows-1 are the prompt; every hypothesis sees them
     arena: KVArena | None = None  # where its rows live while it is decoded
     entry: int = -1  # its entry in `arena`
+    trunk: Trunk | None = None  # the rows it shares with the other slots of its tree
 
     @property
     def num_rows(self) -> int:
@@ -82,6 +97,7 @@ class KVCapture:
 
     rows: torch.Tensor  # [R] long stream rows of every slot's prompt path, slot after slot, root first (on the pass's device once saved)
     lengths: list[int]  # rows per slot
+    trunks: list[tuple[int, int]] = field(default_factory=list)  # per slot: (its tree in the pass, rows shared by every slot path of that tree)
     keys: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [R, Hkv, d]
     values: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -96,8 +112,10 @@ class KVCapture:
         layers = sorted(self.keys)
         keys = [self.keys[i].split(self.lengths) for i in layers]
         values = [self.values[i].split(self.lengths) for i in layers]
+        trunks = {tree: Trunk(num_rows) for tree, num_rows in self.trunks}  # one per tree
         return [
-            SlotKV([k[s] for k in keys], [v[s] for v in values], torch.arange(n), n)
+            SlotKV([k[s] for k in keys], [v[s] for v in values], torch.arange(n), n,
+                   trunk=trunks[self.trunks[s][0]] if self.trunks else None)
             for s, n in enumerate(self.lengths)
         ]
 

@@ -2,15 +2,24 @@
 
     q [T, Hq, d], k / v [T, Hkv, d]: the pass's rows ──┐
     keys / values [E, C, Hkv, d]: one layer of an arena ├─ decode_attention_kernel, grid (P spans, Hkv):
-    spans [P, 5] int32, mask [P, n, C] bool ────────────┘
+    spans [P, 7] int32, mask [P, n, C] bool ────────────┘
         1. the span's n new rows of k / v are written into its entry at first_new (in place)
-        2. its G query heads x n rows attend to its entry's keys [key_lo, key_hi), BLOCK_N
-           keys at a time (online softmax in fp32), as its [n, C] mask allows
+        2. its G query heads x n rows attend to its entry's keys [key_lo, key_hi) (those below
+           trunk_end read from the trunk's entry), BLOCK_N keys at a time (online softmax in
+           fp32), as its [n, C] mask allows
     ──> out [T, Hq, d] at the span's rows (other rows untouched)
 
 A spans row is (start: the span's first row in the pass, entry: its entry in the arena,
 first_new: where its new rows' K/V go, key_lo, key_hi: the keys it attends to; a live slot
-0 .. first_new + n, a held one only its own padding rows first_new .. first_new + n).
+0 .. first_new + n, a held one only its own padding rows first_new .. first_new + n;
+trunk_entry, trunk_end: keys below trunk_end, a multiple of BLOCK_N, are read from entry
+trunk_entry instead of its own).
+
+The trunk: the slots of one content hold the same K/V rows for the prompt they share (copies
+of the same captured rows, engine/extraction/kv_cache.py). Pointed at one sibling's entry for
+those rows, the siblings' programs, which run side by side (grid order: spans first), read
+the same addresses, and the L2 cache can serve all but the first read of each block. The values
+read are the same, so the bits are too, whichever sibling's entry is read, or none.
 
 It replaces, per group and layer, the gathers of q and the new rows, their copies into the
 arena, SDPA over every entry of the group's range at full capacity (masked keys read too),
@@ -32,7 +41,7 @@ import torch
 
 from engine.kernels._triton import HAS_TRITON, jit, next_power_of_2, tl
 
-SPAN_FIELDS = 5  # start, entry, first_new, key_lo, key_hi
+SPAN_FIELDS = 7  # start, entry, first_new, key_lo, key_hi, trunk_entry, trunk_end
 BLOCK_N = 64  # keys per step of a program's loop (fixed: changing it changes the sums)
 MASKED = -1.0e30  # the running maximum's start: finite, so a row that has seen no key yet adds exp2(-inf) = 0
 
@@ -45,12 +54,14 @@ def decode_attention_reference(
     into `keys` / `values`, then each span's rows written into `out`."""
     num_kv_heads = k.shape[1]
     g = q.shape[1] // num_kv_heads
-    for span, (start, entry, first_new, key_lo, key_hi) in enumerate(spans.tolist()):
+    for span, (start, entry, first_new, key_lo, key_hi, trunk_entry, trunk_end) in enumerate(spans.tolist()):
         rows = slice(start, start + num_rows)
         keys[entry, first_new : first_new + num_rows] = k[rows]
         values[entry, first_new : first_new + num_rows] = v[rows]
-        kk = keys[entry, key_lo:key_hi].float().repeat_interleave(g, dim=1)  # [L, Hq, d]
-        vv = values[entry, key_lo:key_hi].float().repeat_interleave(g, dim=1)
+        shared = slice(key_lo, max(key_lo, trunk_end))  # read from the trunk's entry
+        own = slice(max(key_lo, trunk_end), key_hi)
+        kk = torch.cat((keys[trunk_entry, shared], keys[entry, own])).float().repeat_interleave(g, dim=1)  # [L, Hq, d]
+        vv = torch.cat((values[trunk_entry, shared], values[entry, own])).float().repeat_interleave(g, dim=1)
         scores = torch.einsum("nhd,lhd->hnl", q[rows].float(), kk) * scale  # [Hq, n, L]
         scores = scores.masked_fill(~mask[span, :, key_lo:key_hi].bool()[None], -math.inf)
         out[rows] = torch.einsum("hnl,lhd->nhd", scores.softmax(dim=-1), vv).to(out.dtype)
@@ -67,11 +78,13 @@ def decode_attention_kernel(
 ):
     span = tl.program_id(0)
     head = tl.program_id(1)  # kv head
-    start = tl.load(spans_ptr + span * 5 + 0)
-    entry = tl.load(spans_ptr + span * 5 + 1).to(tl.int64)
-    first_new = tl.load(spans_ptr + span * 5 + 2)
-    key_lo = tl.load(spans_ptr + span * 5 + 3)
-    key_hi = tl.load(spans_ptr + span * 5 + 4)
+    start = tl.load(spans_ptr + span * 7 + 0)
+    entry = tl.load(spans_ptr + span * 7 + 1).to(tl.int64)
+    first_new = tl.load(spans_ptr + span * 7 + 2)
+    key_lo = tl.load(spans_ptr + span * 7 + 3)
+    key_hi = tl.load(spans_ptr + span * 7 + 4)
+    trunk_entry = tl.load(spans_ptr + span * 7 + 5).to(tl.int64)
+    trunk_end = tl.load(spans_ptr + span * 7 + 6)
     dims = tl.arange(0, HEAD_DIM)
     entry_keys = keys_ptr + entry * stride_ae + head * stride_ah
     entry_values = values_ptr + entry * stride_ae + head * stride_ah
@@ -103,8 +116,9 @@ def decode_attention_kernel(
     for first in range(key_lo, key_hi, BLOCK_N):
         cols = first + tl.arange(0, BLOCK_N)
         is_key = cols < key_hi
-        kv_rows = cols[:, None] * stride_ac + dims[None, :]
-        block_keys = tl.load(entry_keys + kv_rows, mask=is_key[:, None], other=0.0)  # [BLOCK_N, d]
+        source = tl.where(first < trunk_end, trunk_entry, entry)  # the trunk's entry below trunk_end: the same values
+        kv_rows = source * stride_ae + head * stride_ah + cols[:, None] * stride_ac + dims[None, :]
+        block_keys = tl.load(keys_ptr + kv_rows, mask=is_key[:, None], other=0.0)  # [BLOCK_N, d]
         scores = tl.dot(q, tl.trans(block_keys)) * scale_log2  # [J, BLOCK_N], log2 units
         seen = tl.load(row_mask + cols[None, :], mask=is_query[:, None] & is_key[None, :], other=0) != 0
         scores = tl.where(seen, scores, float("-inf"))
@@ -112,7 +126,7 @@ def decode_attention_kernel(
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
         total = total * alpha + tl.sum(p, axis=1)
-        block_values = tl.load(entry_values + kv_rows, mask=is_key[:, None], other=0.0)  # [BLOCK_N, d]
+        block_values = tl.load(values_ptr + kv_rows, mask=is_key[:, None], other=0.0)  # [BLOCK_N, d]
         acc = acc * alpha[:, None] + tl.dot(p.to(block_values.dtype), block_values)
         m = m_new
     acc = acc / tl.where(total > 0, total, 1.0)[:, None]
@@ -126,7 +140,7 @@ def decode_attention(
     v: torch.Tensor,  # [T, Hkv, d]
     keys: torch.Tensor,  # [E, C, Hkv, d] one layer of the group's arena, written in place
     values: torch.Tensor,  # [E, C, Hkv, d]
-    spans: torch.Tensor,  # [P, 5] int32 on q's device
+    spans: torch.Tensor,  # [P, 7] int32 on q's device
     mask: torch.Tensor,  # [P, n, C] bool on q's device
     num_rows: int,  # n rows per span
     scale: float,

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from engine.extraction.kv_cache import KVArena, SlotKV
 
 
+SHARED_TRUNKS = True  # the Triton kernel reads a trunk the slots of one content share from one sibling's entry
 DECODING_ATTENTION = ("triton", "sdpa")  # how a decoding pass's attention runs on CUDA (CPU: always sdpa)
 _DECODING_ATTENTION = ContextVar("decoding_attention", default="triton")
 
@@ -70,7 +71,7 @@ class DecodeGroup:
     mask: torch.Tensor  # [B, n, C] bool
     positions: torch.Tensor  # [B, n] long positions of the queries
     key_positions: torch.Tensor  # [B, C] long positions of the keys (0 past a slot's rows)
-    spans: torch.Tensor  # [P, 5] int32 per span (start, entry, first_new, key_lo, key_hi): the Triton kernel's
+    spans: torch.Tensor  # [P, 7] int32 per span (start, entry, first_new, key_lo, key_hi, trunk_entry, trunk_end): the Triton kernel's
     _on: dict = field(default_factory=dict, repr=False)  # device / (window, device, G) -> tensors there
     _biases: dict = field(default_factory=dict, repr=False)  # (window, device, G, dtype) -> [B, 1, G * n, C] bias
 
@@ -168,12 +169,32 @@ def _group(spans: list[DecodeSpan]) -> DecodeGroup:
             key_positions[entry, : span.first_new_row + n] = np.concatenate((span.kv.positions.numpy(),
                                                                               span.positions.numpy()))
     live = np.array([span.num_real > 0 for span in spans])
-    span_table = np.stack((rows[:, 0], entry_of, first_new, np.where(live, 0, first_new), first_new + n), 1)
+    trunk_entry, trunk_end = _trunks(spans)
+    span_table = np.stack((rows[:, 0], entry_of, first_new, np.where(live, 0, first_new), first_new + n,
+                           trunk_entry, trunk_end), 1)
     tensor = torch.from_numpy
     return DecodeGroup(arena, first, num_entries, n, tensor(query_rows.reshape(-1)), tensor(rows.reshape(-1)),
                        tensor((((entry_of * capacity + first_new)[:, None]) + new).reshape(-1)),
                        tensor((entries[:, None] * n + new).reshape(-1)), tensor(mask), tensor(positions),
                        tensor(key_positions), tensor(span_table.astype(np.int32)))
+
+
+def _trunks(spans: list[DecodeSpan]) -> tuple[np.ndarray, np.ndarray]:
+    """Per span (trunk_entry, trunk_end) of the kernel's span table: a live span whose slot
+    shares a trunk with the first live span of the group that has it reads that span's entry
+    for the trunk's rows (rounded down to whole key blocks); any other: its own, none."""
+    first_of: dict[int, DecodeSpan] = {}  # id(trunk) -> the first live span with it
+    entry, end = [], []
+    for span in spans:
+        trunk = span.kv.trunk
+        if not span.num_real or trunk is None or not SHARED_TRUNKS:
+            entry.append(span.kv.entry)
+            end.append(0)
+            continue
+        first = first_of.setdefault(id(trunk), span)
+        entry.append(first.kv.entry)
+        end.append(trunk.num_rows // decode_attention_kernels.BLOCK_N * decode_attention_kernels.BLOCK_N)
+    return np.array(entry, dtype=np.int64), np.array(end, dtype=np.int64)
 
 
 def decode_attention(

@@ -83,6 +83,7 @@ def prepare_batch(items: list[tuple[TreeOwner, TokenTree]], mask_fn=None, dense_
     slot_index: list[int] = []
     capture_rows: list[int] = []
     capture_lengths: list[int] = []
+    capture_trunks: list[tuple[int, int]] = []  # per slot: (its tree, rows all the tree's slot paths share)
     for owner, tree in items:
         start, score_start, slot_start = len(input_ids), len(scored_index), len(slot_index)
         num_padded = padded(tree.num_tokens, ROW_CHUNK)
@@ -94,10 +95,12 @@ def prepare_batch(items: list[tuple[TreeOwner, TokenTree]], mask_fn=None, dense_
         slot_index += range(score_start + len(tree.scored_nodes), score_start + num_scored)
         scored_index += [start + node for node in tree.scored_nodes + tree.slot_nodes] + [start] * num_score_pad
         scored_targets += tree.scored_targets + [0] * (len(tree.slot_nodes) + num_score_pad)
-        for node in tree.slot_nodes:
-            path = tree.path_to(node)
+        paths = [tree.path_to(node) for node in tree.slot_nodes]
+        shared = shared_prefix(paths)
+        for path in paths:
             capture_rows += [start + row for row in path]
             capture_lengths.append(len(path))
+            capture_trunks.append((len(trees), shared))
         is_tree_mask = mask_fn is tree_mask  # then the subtree ends say the same (engine/pipeline/tree.py)
         spans.append(
             TreeSpan(
@@ -108,7 +111,8 @@ def prepare_batch(items: list[tuple[TreeOwner, TokenTree]], mask_fn=None, dense_
             )
         )
         trees.append(PackedTree(owner, tree, start, score_start, slot_start))
-    capture = KVCapture(torch.tensor(capture_rows, dtype=torch.long), capture_lengths) if slot_index else None
+    capture = KVCapture(torch.tensor(capture_rows, dtype=torch.long), capture_lengths,
+                        capture_trunks) if slot_index else None
     return PackedBatch(
         trees=trees,
         input_ids=torch.tensor(input_ids, dtype=torch.long),
@@ -119,6 +123,17 @@ def prepare_batch(items: list[tuple[TreeOwner, TokenTree]], mask_fn=None, dense_
         num_real_tokens=sum(t.tree.num_tokens for t in trees),
         slot_index=torch.tensor(slot_index, dtype=torch.long) if slot_index else None,
     )
+
+
+def shared_prefix(paths: list[list[int]]) -> int:
+    """How many leading nodes every path has in common (0 for no paths)."""
+    if not paths:
+        return 0
+    first = paths[0]
+    length = min(len(path) for path in paths)
+    for other in paths[1:]:
+        length = next((i for i in range(length) if other[i] != first[i]), length)
+    return length
 
 
 def tree_mask(parents: list[int], num_padded: int) -> np.ndarray:

@@ -269,3 +269,38 @@ def test_passes_padded_to_a_larger_row_multiple_give_the_same_bits(tiny_engine, 
     padded = [r.model_dump() for r in tiny_engine("gemma3_text").score_requests(requests).results]
     assert padded == plain
     assert rows and all(n % 384 == 0 for n in rows)
+
+
+def test_the_slots_of_one_content_share_a_trunk_of_equal_rows(tiny_engine, monkeypatch):
+    """The read gives the slots of one tree one Trunk: their kept K/V rows below it are equal
+    in every layer (what lets the decoding attention read one copy for all), and it is the
+    longest such prefix (the next row differs for two of them); other contents get others."""
+    from engine.extraction.decoding import Extraction
+
+    engine = tiny_engine("gemma3_text")
+    kept = []
+    collect = Extraction.collect
+
+    def keeping(self, batch, output):
+        for packed in batch.trees:
+            for kv in output.slot_kv[packed.slot_start : packed.slot_start + len(packed.tree.slot_branch)]:
+                kept.append((packed.owner.request_index, kv, list(kv.keys), list(kv.values)))  # before the arenas take them
+        return collect(self, batch, output)
+
+    monkeypatch.setattr(Extraction, "collect", keeping)
+    engine.score_requests([_request(TARGET, QUERIES), _request(TARGET + FILLER, QUERIES)])
+    by_request: dict[int, list] = {}
+    for request, *slot in kept:
+        by_request.setdefault(request, []).append(slot)
+    assert sorted(by_request) == [0, 1] and all(len(slots) == 4 for slots in by_request.values())  # 4 slots each
+    trunks = [slots[0][0].trunk for slots in by_request.values()]
+    assert trunks[0] is not trunks[1]
+    for slots, trunk in zip(by_request.values(), trunks):
+        assert all(kv.trunk is trunk for kv, _, _ in slots)
+        assert 10 < trunk.num_rows < min(kv.num_prompt_rows for kv, _, _ in slots)
+        rows = slice(0, trunk.num_rows)
+        for part in (1, 2):  # keys, values
+            for layer, first in enumerate(slots[0][part]):
+                assert all(torch.equal(slot[part][layer][rows], first[rows]) for slot in slots)
+        next_rows = [keys[0][trunk.num_rows] for _, keys, _ in slots]
+        assert any(not torch.equal(row, next_rows[0]) for row in next_rows), "the trunk stops short"

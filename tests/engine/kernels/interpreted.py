@@ -195,11 +195,12 @@ def check_decode_attention() -> None:
     from engine.kernels.decode_attention import decode_attention, decode_attention_reference
 
     num_rows, capacity, d = 8, 96, 32
-    spans = torch.tensor([[0, 2, 20, 0, 28], [8, 0, 88, 88, 96], [24, 3, 50, 0, 58]], dtype=torch.int32)
+    spans = torch.tensor([[0, 2, 20, 0, 28, 2, 0], [8, 0, 88, 88, 96, 0, 0], [24, 3, 50, 0, 58, 3, 0]],
+                         dtype=torch.int32)
     gen = torch.Generator().manual_seed(5)
     mask = torch.rand(3, num_rows, capacity, generator=gen) < 0.5
     mask[1] = False  # the held span: its rows see only themselves
-    for span, (_, _, first_new, _, _) in enumerate(spans.tolist()):
+    for span, (_, _, first_new, *_) in enumerate(spans.tolist()):
         mask[span, torch.arange(num_rows), first_new + torch.arange(num_rows)] = True
     for num_heads, num_kv_heads in ((4, 2), (2, 2)):
         qkv = fresh((40, (num_heads + 2 * num_kv_heads) * d), dtype=torch.float32, seed=num_heads)
@@ -225,6 +226,7 @@ def check_decode_attention() -> None:
         assert got[outside].isnan().all(), "rows outside the spans were written"
         alone, _ = run(decode_attention, spans[2:].clone(), mask[2:].clone())
         assert torch.equal(alone[24:32], got[24:32]), "a span alone has other bits than among others"
+    check_decode_attention_trunk()
     try:
         decode_attention(q, k, v, keys, values, spans.long(), mask, num_rows, 0.2, torch.empty_like(q))
     except ValueError as error:
@@ -233,13 +235,57 @@ def check_decode_attention() -> None:
         raise AssertionError("spans that are not int32 must be refused")
 
 
+def check_decode_attention_trunk() -> None:
+    """Spans that share a trunk: keys below trunk_end come from the trunk's entry (the
+    follower's own copy of those rows poisoned with NaN does not reach its output), and, where
+    the two copies are equal, the outputs are the bits of each span reading its own entry;
+    the reference reads the same rows."""
+    import torch
+    from kernel_inputs import fresh
+
+    from engine.kernels.decode_attention import BLOCK_N, decode_attention, decode_attention_reference
+
+    num_rows, capacity, d, trunk = 8, 3 * BLOCK_N, 32, BLOCK_N + 10  # a trunk of 74 rows: one whole key block
+    q, k, v = (fresh((24, h, d), dtype=torch.float32, seed=30 + h) for h in (4, 2, 2))
+    keys, values = (fresh((3, capacity, 2, d), dtype=torch.float32, seed=s) for s in (31, 32))
+    for arena in (keys, values):
+        arena[1:, :trunk] = arena[0, :trunk]  # the siblings' copies of the shared rows
+    first_new = [trunk + 20, trunk + 3, trunk + 40]
+    mask = torch.rand(3, num_rows, capacity, generator=torch.Generator().manual_seed(33)) < 0.7
+    for span, new in enumerate(first_new):
+        mask[span, :, new:] = False
+        mask[span, torch.arange(num_rows), new + torch.arange(num_rows)] = True
+
+    def table(shared: bool) -> torch.Tensor:
+        return torch.tensor([[span * num_rows, span, new, 0, new + num_rows, 0 if shared else span,
+                              BLOCK_N if shared else 0] for span, new in enumerate(first_new)], dtype=torch.int32)
+
+    def run(fn, spans, keys=keys, values=values):
+        out = torch.full_like(q, float("nan"))
+        fn(q, k, v, keys.clone(), values.clone(), spans, mask, num_rows, 0.2, out)
+        return out
+
+    own = run(decode_attention, table(False))
+    shared = run(decode_attention, table(True))
+    assert torch.equal(own, shared), "reading the trunk's copy changed the bits"
+    torch.testing.assert_close(shared, run(decode_attention_reference, table(True)), rtol=1e-5, atol=1e-5)
+    poisoned_keys, poisoned_values = keys.clone(), values.clone()
+    poisoned_keys[1:, :BLOCK_N], poisoned_values[1:, :BLOCK_N] = float("nan"), float("nan")
+    assert torch.equal(run(decode_attention, table(True), poisoned_keys, poisoned_values), shared), \
+        "the followers read their own copies of the trunk"
+    assert run(decode_attention, table(False), poisoned_keys, poisoned_values)[num_rows:].isnan().any(), \
+        "the poison is not read without the trunk: the check above proves nothing"
+
+
 def check_decode_attention_groups() -> None:
     """DecodeGroup's span table and per-span masks (engine/layers/decode_attention.py) drive
     the kernel to SDPA's outputs (the CPU path of decode_attention, fp32): slots in two
-    arenas, live with decoded rows, one held, with and without a sliding window."""
+    arenas, live with decoded rows, one held, two that share a trunk (the second reads the
+    first's copy of it, SDPA each its own), with and without a sliding window."""
     import torch
 
     from engine.extraction import kv_cache
+    from engine.kernels.decode_attention import BLOCK_N
     from engine.kernels.decode_attention import decode_attention as kernel
     from engine.layers import decode_attention as decode_module
 
@@ -247,7 +293,12 @@ def check_decode_attention_groups() -> None:
     gen = torch.Generator().manual_seed(9)
     slots = [kv_cache.SlotKV([torch.randn(p, hkv, d, generator=gen) for _ in range(layers)],
                              [torch.randn(p, hkv, d, generator=gen) for _ in range(layers)], torch.arange(p), p)
-             for p in (20, 50, 90, 30)]
+             for p in (20, 50, 90, 30, 100)]
+    trunk = kv_cache.Trunk(80)  # slots 2 and 4: the same first 80 rows
+    for part in ("keys", "values"):
+        for layer in range(layers):
+            getattr(slots[4], part)[layer][: trunk.num_rows] = getattr(slots[2], part)[layer][: trunk.num_rows]
+    slots[2].trunk = slots[4].trunk = trunk
     store = kv_cache.KVStore()
     for step in range(3):
         store.reserve(slots, [n] * len(slots), [0] * len(slots))
@@ -265,6 +316,10 @@ def check_decode_attention_groups() -> None:
         for window in (None, 5):
             meta = decode_module.DecodeMetadata(spans)
             assert len(meta.groups) == 2  # capacities 64 and 96 (the slot of 90 rows: 192)
+            [table] = [group.spans for group in meta.groups if group.arena is slots[2].arena]
+            leader, follower = ((table[:, 1] == slots[index].entry).nonzero()[0, 0] for index in (2, 4))
+            assert table[follower, 5] == slots[2].entry and table[follower, 6] == BLOCK_N, table
+            assert table[leader, 5] == slots[2].entry
             expected = decode_module.decode_attention(q, k, v, meta, 1, 0.3, window)
             got = torch.zeros_like(q)
             for group in meta.groups:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.kernels.decode_attention import SPAN_FIELDS
 from engine.layers.decode_attention import DecodeGroup
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -21,7 +22,7 @@ def _group(num_entries: int, num_rows: int, capacity: int, gen: torch.Generator)
     mask.scatter_(2, positions[:, :, None], True)
     key_positions = torch.arange(capacity).expand(num_entries, capacity).clone()
     empty = torch.zeros(0, dtype=torch.long)
-    spans = torch.zeros(num_entries, 5, dtype=torch.int32)
+    spans = torch.zeros(num_entries, SPAN_FIELDS, dtype=torch.int32)
     spans[:, 1] = torch.arange(num_entries)  # a span in every entry, in entry order
     return DecodeGroup(None, 0, num_entries, num_rows, empty, empty, empty, empty, mask, positions, key_positions,
                        spans)
