@@ -106,11 +106,15 @@ class DecodeGroup:
         """[B, 1, G * n, C]: `mask` narrowed to keys less than `sliding_window` positions back,
         repeated for the G query heads folded into each kv head (SDPA's); num_groups None:
         [P, n, C], the same per span (the Triton kernel's)."""
-        mask = self.mask
-        if sliding_window is not None and int(self.positions.max()) >= sliding_window:  # else no key is out of it
-            mask = mask & (self.positions[:, :, None] - self.key_positions[:, None, :] < sliding_window)
-        if num_groups is None:  # the spans' entries, in span order
-            return mask[self.spans[:, 1].long() - self.first_entry]
+        mask, positions, key_positions = self.mask.numpy(), self.positions.numpy(), self.key_positions.numpy()
+        if num_groups is None:  # the spans' entries, in span order (before the window: fewer rows to narrow)
+            entries = self.spans[:, 1].numpy().astype(np.int64) - self.first_entry
+            mask, positions, key_positions = mask[entries], positions[entries], key_positions[entries]
+        if sliding_window is not None and int(positions.max(initial=0)) >= sliding_window:  # else no key is out of it
+            mask = mask & (positions[:, :, None] - key_positions[:, None, :] < sliding_window)  # numpy: half torch's time
+        mask = torch.from_numpy(np.ascontiguousarray(mask))
+        if num_groups is None:
+            return mask
         b, n, c = mask.shape
         return mask[:, None, None].expand(b, 1, num_groups, n, c).reshape(b, 1, num_groups * n, c)
 
