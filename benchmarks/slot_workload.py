@@ -28,6 +28,9 @@ DECODING_SETTINGS = {"decoding_matmul": DECODING_MATMULS,  # ModelRunner attribu
                      "decoding_attention": DECODING_ATTENTION}
 
 
+SLOT_VARIANTS = ("eager", "kernels", "trunks", "compact")  # throughput.py --slot-variants: the rows timed beside the default
+
+
 def load_slot_queries(name: str, num_slots: int | None = None) -> list[dict]:
     return json.loads((FIXTURES / f"{name}-slots.json").read_text())["queries"][:num_slots]
 
@@ -79,18 +82,20 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
                                            for kind in ("eager", "capture")}
     row["by_kind"] = {kind: slot_kind_row(run_spinf, engine, plain, chosen, args.repeats, bf16_row)
                       for kind, chosen in slot_kinds(slot_queries).items()}
-    if engine.runner.use_decode_graphs and getattr(args, "slot_variants", True):
-        row["eager_decode"] = eager_decode_row(run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
+    variants = getattr(args, "slot_variants", set(SLOT_VARIANTS)) if engine.runner.use_decode_graphs else set()
+    same_run = (run_spinf, engine, requests, args.repeats, bf16_row, num_slot_answers)
+    if "eager" in variants:
+        row["eager_decode"] = eager_decode_row(*same_run)
+    if "kernels" in variants:
         for setting in DECODING_SETTINGS:
             row[setting] = getattr(engine.runner, setting)
             row[f"other_{setting}"] = {}
         for setting, choice in other_decoding_settings(engine.runner):
-            row[f"other_{setting}"][choice] = setting_row(run_spinf, engine, requests, args.repeats, bf16_row,
-                                                          num_slot_answers, setting, choice)
-        row["trunks_unshared"] = trunks_unshared_row(run_spinf, engine, requests, args.repeats, bf16_row,
-                                                     num_slot_answers)
-        row["compact_at_half_held"] = compact_at_half_row(run_spinf, engine, requests, args.repeats, bf16_row,
-                                                          num_slot_answers)
+            row[f"other_{setting}"][choice] = setting_row(*same_run, setting, choice)
+    if "trunks" in variants:
+        row["trunks_unshared"] = trunks_unshared_row(*same_run)
+    if "compact" in variants:
+        row["compact_at_half_held"] = compact_at_half_row(*same_run)
     return row
 
 

@@ -45,7 +45,7 @@ from gc_pauses import CollectionLog  # noqa: E402
 from kernel_bench import peak_tflops  # noqa: E402
 from op_profiles import profile_pass, profile_slots  # noqa: E402
 from result_files import git_commit  # noqa: E402
-from slot_workload import other_decoding_settings, run_slots  # noqa: E402
+from slot_workload import SLOT_VARIANTS, other_decoding_settings, run_slots  # noqa: E402
 from throughput_report import speedups, write_result  # noqa: E402
 from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
@@ -202,8 +202,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tag", default="", help="what else this run varies, ending the file name (e.g. budget8192)")
     parser.add_argument("--slots", type=int, default=0,
                         help="also time spinf_bf16 with the first N extraction slots of fixtures/benchmarks/<workload>-slots.json")
-    parser.add_argument("--no-slot-variants", dest="slot_variants", action="store_false",
-                        help="with --slots: skip the same-run variants (eager, other decoding kernels, compact layout)")
+    parser.add_argument("--slot-variants", default=",".join(SLOT_VARIANTS),
+                        help=f"with --slots: the same-run variants to time, a comma list of {', '.join(SLOT_VARIANTS)}")
+    parser.add_argument("--no-slot-variants", dest="slot_variants", action="store_const", const="",
+                        help="with --slots: time none of the same-run variants")
     parser.add_argument("--profile", action="store_true", help="write a per-op table of one run of each spinf system")
     parser.add_argument("--results-dir", default=None, help="write the result pair here, not in benchmarks/results/")
     return parser.parse_args()
@@ -211,6 +213,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    args.slot_variants = set(filter(None, args.slot_variants.split(",")))
+    if args.slot_variants - set(SLOT_VARIANTS):
+        sys.exit(f"--slot-variants: unknown {sorted(args.slot_variants - set(SLOT_VARIANTS))}; known: {SLOT_VARIANTS}")
     skip = set(filter(None, args.skip.split(",")))
     if args.results_dir:
         result_files.RESULTS = Path(args.results_dir)
