@@ -93,7 +93,7 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
         for setting, choice in other_decoding_settings(engine.runner):
             row[f"other_{setting}"][choice] = setting_row(*same_run, setting, choice)
     if "trunks" in variants:
-        row["trunks_unshared"] = trunks_unshared_row(*same_run)
+        row["other_trunks"] = trunks_row(*same_run)
     if "compact" in variants:
         row["compact_at_half_held"] = compact_at_half_row(*same_run)
     return row
@@ -115,16 +115,20 @@ def compact_at_half_row(run_spinf, engine, requests: list[ScoringRequest], repea
         "held_rows_worth_compacting": 0}
 
 
-def trunks_unshared_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
-                       num_slot_answers: int) -> dict:
-    """The same requests with every slot reading its own copy of the prompt rows it shares
-    with the other slots of its content (engine/layers/decode_attention.py SHARED_TRUNKS = False)."""
+def trunks_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+               num_slot_answers: int) -> dict:
+    """The same requests with the other setting of engine/layers/decode_attention.py
+    SHARED_TRUNKS: the slots of one content reading the prompt rows they share from one
+    sibling's arena entry, or each from its own copy."""
     from engine.layers import decode_attention
 
-    def unshared(on: bool) -> None:
-        decode_attention.SHARED_TRUNKS = not on
+    default = decode_attention.SHARED_TRUNKS
 
-    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, unshared)
+    def other(on: bool) -> None:
+        decode_attention.SHARED_TRUNKS = not default if on else default
+
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, other) | {
+        "shared_trunks": not default}
 
 
 def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,

@@ -143,11 +143,13 @@ def _host_lines(result: dict) -> list[str]:
                              f" (this run's default: {DECODING_KERNELS.get(row[setting], row[setting])}):"
                              f" +{other['slot_extra_seconds']:.3f} s ="
                              f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
-        if "trunks_unshared" in row:
-            unshared = row["trunks_unshared"]
-            lines.append(f"\n- the same slots with each slot reading its own copy of the prompt rows its content's"
-                         f" slots share (SHARED_TRUNKS = False): +{unshared['slot_extra_seconds']:.3f} s ="
-                         f" {unshared['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+        if "other_trunks" in row:
+            other = row["other_trunks"]
+            how = ("the slots of one content reading the prompt rows they share from one sibling's arena entry"
+                   if other["shared_trunks"] else "each slot reading its own copy of the prompt rows its content's slots share")
+            lines.append(f"\n- the same slots with {how} (SHARED_TRUNKS = {other['shared_trunks']}):"
+                         f" +{other['slot_extra_seconds']:.3f} s ="
+                         f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
         if "compact_at_half_held" in row:
             compact = row["compact_at_half_held"]
             lines.append(f"\n- the same slots with the decoding layout packed again as soon as half its rows are held"

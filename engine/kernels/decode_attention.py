@@ -19,7 +19,8 @@ The trunk: the slots of one content hold the same K/V rows for the prompt they s
 of the same captured rows, engine/extraction/kv_cache.py). Pointed at one sibling's entry for
 those rows, the siblings' programs, which run side by side (grid order: spans first), read
 the same addresses, and the L2 cache can serve all but the first read of each block. The values
-read are the same, so the bits are too, whichever sibling's entry is read, or none.
+read are the same, so the bits are too, whichever sibling's entry is read, or none
+(`trunks=False` compiles the kernel without the trunk columns' reads).
 
 It replaces, per group and layer, the gathers of q and the new rows, their copies into the
 arena, SDPA over every entry of the group's range at full capacity (masked keys read too),
@@ -74,7 +75,7 @@ def decode_attention_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_ae, stride_ac, stride_ah, capacity, scale_log2, num_rows,
     ROWS_BLOCK: tl.constexpr, GROUPS: tl.constexpr, GROUPS_BLOCK: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, TRUNKS: tl.constexpr,
 ):
     span = tl.program_id(0)
     head = tl.program_id(1)  # kv head
@@ -116,7 +117,10 @@ def decode_attention_kernel(
     for first in range(key_lo, key_hi, BLOCK_N):
         cols = first + tl.arange(0, BLOCK_N)
         is_key = cols < key_hi
-        source = tl.where(first < trunk_end, trunk_entry, entry)  # the trunk's entry below trunk_end: the same values
+        if TRUNKS:  # the trunk's entry below trunk_end: the same values
+            source = tl.where(first < trunk_end, trunk_entry, entry)
+        else:
+            source = entry
         kv_rows = source * stride_ae + head * stride_ah + cols[:, None] * stride_ac + dims[None, :]
         block_keys = tl.load(keys_ptr + kv_rows, mask=is_key[:, None], other=0.0)  # [BLOCK_N, d]
         scores = tl.dot(q, tl.trans(block_keys)) * scale_log2  # [J, BLOCK_N], log2 units
@@ -145,6 +149,7 @@ def decode_attention(
     num_rows: int,  # n rows per span
     scale: float,
     out: torch.Tensor,  # [T, Hq, d], the spans' rows written
+    trunks: bool = True,  # False: the trunk columns are ignored, every span reads its own entry
 ) -> torch.Tensor:
     """Launch decode_attention_kernel for one group (grid: its spans x kv heads)."""
     check_inputs(q, k, v, keys, values, spans, mask, num_rows, out)
@@ -156,7 +161,7 @@ def decode_attention(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), keys.shape[1], scale * math.log2(math.e), num_rows,
         ROWS_BLOCK=rows_block, GROUPS=groups, GROUPS_BLOCK=next_power_of_2(groups),
-        HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, MASKED=MASKED, num_warps=4, num_stages=2,
+        HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, MASKED=MASKED, TRUNKS=trunks, num_warps=4, num_stages=2,
     )
     return out
 

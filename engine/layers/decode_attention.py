@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from engine.extraction.kv_cache import KVArena, SlotKV
 
 
-SHARED_TRUNKS = True  # the Triton kernel reads a trunk the slots of one content share from one sibling's entry
+SHARED_TRUNKS = False  # True: the Triton kernel reads the trunk the slots of one content share from one sibling's entry (not yet timed on a GPU)
 DECODING_ATTENTION = ("triton", "sdpa")  # how a decoding pass's attention runs on CUDA (CPU: always sdpa)
 _DECODING_ATTENTION = ContextVar("decoding_attention", default="triton")
 
@@ -216,7 +216,7 @@ def decode_attention(
             spans = group.indices(q.device)[-1]
             mask = group.attention_mask(sliding_window, q.device, None)
             decode_attention_kernels.decode_attention(q, k, v, group.arena.keys[layer], group.arena.values[layer],
-                                                      spans, mask, group.num_rows, scale, out)
+                                                      spans, mask, group.num_rows, scale, out, SHARED_TRUNKS)
         return out
     for group in meta.groups:
         query_rows, rows, write_rows, out_rows, _ = group.indices(q.device)

@@ -1,7 +1,8 @@
 """GPU: extraction slots decoded on CUDA (a 6- or 2-layer cut of the Gemma-3-12B architecture,
 random weights, real tokenizer): a content's slot answers are bit-identical alone vs packed
 with the other contents, and every slot's answers are a proper distribution (sorted by p,
-each p in (0, 1], p + residual = 1), with either decoding attention (the Triton kernel, SDPA);
+each p in (0, 1], p + residual = 1), with either decoding attention (the Triton kernel, SDPA;
+the kernel with shared trunks giving the bits it gives without);
 batched decoding attention makes one call per group and never syncs the host."""
 
 from __future__ import annotations
@@ -39,11 +40,18 @@ def _news_slots(num_layers: int, num_slots: int) -> tuple:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attention", ["triton", "sdpa"])
-def test_gpu_slot_answers_alone_vs_packed_are_bit_identical(attention):
+@pytest.mark.parametrize("attention", ["triton", "triton-trunks", "sdpa"])
+def test_gpu_slot_answers_alone_vs_packed_are_bit_identical(attention, monkeypatch):
+    from engine.layers import decode_attention
+
     engine, requests = _news_slots(num_layers=6, num_slots=4)
-    engine.runner.decoding_attention = attention
+    engine.runner.decoding_attention = attention.removesuffix("-trunks")
+    if attention == "triton-trunks":  # each content's slots read their shared rows from one entry: the same bits
+        own = [_slots(r) for r in engine.score_requests(requests).results]
+        monkeypatch.setattr(decode_attention, "SHARED_TRUNKS", True)
     packed = engine.score_requests(requests).results
+    if attention == "triton-trunks":
+        assert [_slots(r) for r in packed] == own
     for index in (0, 5):
         alone = engine.score_requests([requests[index]]).results[0]
         assert _slots(alone) == _slots(packed[index])

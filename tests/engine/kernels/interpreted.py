@@ -10,6 +10,7 @@ on the GPU (`gpu` marker).
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -275,6 +276,10 @@ def check_decode_attention_trunk() -> None:
         "the followers read their own copies of the trunk"
     assert run(decode_attention, table(False), poisoned_keys, poisoned_values)[num_rows:].isnan().any(), \
         "the poison is not read without the trunk: the check above proves nothing"
+    ignoring = functools.partial(decode_attention, trunks=False)
+    assert torch.equal(run(ignoring, table(True)), own)
+    assert run(ignoring, table(True), poisoned_keys, poisoned_values)[num_rows:].isnan().any(), \
+        "trunks=False still read the trunk's entry"
 
 
 def check_decode_attention_groups() -> None:
@@ -299,6 +304,7 @@ def check_decode_attention_groups() -> None:
         for layer in range(layers):
             getattr(slots[4], part)[layer][: trunk.num_rows] = getattr(slots[2], part)[layer][: trunk.num_rows]
     slots[2].trunk = slots[4].trunk = trunk
+    decode_module.SHARED_TRUNKS = True  # this process only (the engine's default is False)
     store = kv_cache.KVStore()
     for step in range(3):
         store.reserve(slots, [n] * len(slots), [0] * len(slots))
@@ -326,6 +332,10 @@ def check_decode_attention_groups() -> None:
                 kernel(q, k, v, group.arena.keys[1], group.arena.values[1], group.indices(q.device)[-1],
                        group.attention_mask(window, q.device, None), n, 0.3, got)
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        decode_module.SHARED_TRUNKS = False
+        [table] = [group.spans for group in decode_module.DecodeMetadata(spans).groups if group.arena is slots[2].arena]
+        assert torch.equal(table[:, 5], table[:, 1]) and not table[:, 6].any(), "unshared: every span its own entry"
+        decode_module.SHARED_TRUNKS = True
         for span in spans:
             if span.num_real:
                 span.kv.positions = torch.cat((span.kv.positions, span.positions[: span.num_real]))
