@@ -111,7 +111,7 @@ class DecodeGroup:
             entries = self.spans[:, 1].numpy().astype(np.int64) - self.first_entry
             mask, positions, key_positions = mask[entries], positions[entries], key_positions[entries]
         if sliding_window is not None and int(positions.max(initial=0)) >= sliding_window:  # else no key is out of it
-            mask = mask & (positions[:, :, None] - key_positions[:, None, :] < sliding_window)  # numpy: half torch's time
+            mask = mask & (positions[:, :, None] - key_positions[:, None, :] < sliding_window)
         mask = torch.from_numpy(np.ascontiguousarray(mask))
         if num_groups is None:
             return mask

@@ -14,6 +14,7 @@ whole distribution is read) and ask the pass to keep their prompt paths' K/V (KV
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -127,13 +128,7 @@ def prepare_batch(items: list[tuple[TreeOwner, TokenTree]], mask_fn=None, dense_
 
 def shared_prefix(paths: list[list[int]]) -> int:
     """How many leading nodes every path has in common (0 for no paths)."""
-    if not paths:
-        return 0
-    first = paths[0]
-    length = min(len(path) for path in paths)
-    for other in paths[1:]:
-        length = next((i for i in range(length) if other[i] != first[i]), length)
-    return length
+    return sum(1 for _ in itertools.takewhile(lambda nodes: len(set(nodes)) == 1, zip(*paths))) if paths else 0
 
 
 def tree_mask(parents: list[int], num_padded: int) -> np.ndarray:

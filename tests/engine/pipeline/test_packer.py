@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.pipeline.packer import leaky_tree_mask, pack_trees
+from engine.pipeline.packer import leaky_tree_mask, pack_trees, shared_prefix
 from engine.pipeline.stages import Branch
 from engine.pipeline.tree import build_tree
 
@@ -46,3 +46,9 @@ def test_without_dense_masks_tree_spans_keep_only_their_ends():
     assert np.array_equal(lean.attention.spans[0].subtree_end, dense.attention.spans[0].subtree_end)
     [leaky] = pack_trees([(0, tree)], 4096, mask_fn=leaky_tree_mask, dense_masks=False)
     assert leaky.attention.spans[0].mask is not None  # no ends to read: the mask is still made
+
+
+def test_shared_prefix_is_the_leading_run_every_path_has():
+    assert shared_prefix([[0, 1, 2, 3], [0, 1, 2, 5, 6], [0, 1, 2]]) == 3
+    assert shared_prefix([[0, 1, 4], [0, 2, 4]]) == 1  # the same node later does not count
+    assert shared_prefix([[0, 1]]) == 2 and shared_prefix([]) == 0 and shared_prefix([[1], [2]]) == 0
