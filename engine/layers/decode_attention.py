@@ -187,11 +187,13 @@ def _trunks(spans: list[DecodeSpan]) -> tuple[np.ndarray, np.ndarray]:
     """Per span (trunk_entry, trunk_end) of the kernel's span table: a live span whose slot
     shares a trunk with the first live span of the group that has it reads that span's entry
     for the trunk's rows (rounded down to whole key blocks); any other: its own, none."""
+    if not SHARED_TRUNKS:
+        return np.array([span.kv.entry for span in spans], dtype=np.int64), np.zeros(len(spans), dtype=np.int64)
     first_of: dict[int, DecodeSpan] = {}  # id(trunk) -> the first live span with it
     entry, end = [], []
     for span in spans:
         trunk = span.kv.trunk
-        if not span.num_real or trunk is None or not SHARED_TRUNKS:
+        if not span.num_real or trunk is None:
             entry.append(span.kv.entry)
             end.append(0)
             continue
