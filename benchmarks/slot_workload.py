@@ -8,11 +8,12 @@ decodes them in later passes; `slot_token_share` turns the responses' usage into
 of the slots in scoring-token equivalents (tokens fed to the model for slots, per token
 read for the option queries). Time the two phases apart with the runner's `run` / `decode`.
 `run_slots` times spinf_bf16 with the slots added (benchmarks/throughput.py --slots N), all
-of them and each kind alone (search, generate); on CUDA also with eager decoding (no CUDA
-graphs), with the decoding projections on each other kernel of ops.DECODING_MATMULS and
-the decoding attention on each other of decode_attention.DECODING_ATTENTION (`setting_row`), and with the layout packed again at half held (`compact_at_half_row`)
-in the same run,
-and one more run by part (`decode_breakdown`).
+of them and each kind alone (search, generate), and one more run by part (`decode_breakdown`).
+On CUDA, in the same run, the variants SLOT_VARIANTS names (throughput.py --slot-variants):
+eager decoding, no CUDA graphs (`eager_decode_row`); the decoding projections on each other
+kernel of ops.DECODING_MATMULS and the attention on each other of
+decode_attention.DECODING_ATTENTION (`setting_row`); the other SHARED_TRUNKS setting
+(`trunks_row`); the layout packed again at half held (`compact_at_half_row`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from engine.layers.ops import DECODING_MATMULS
 
 DECODING_SETTINGS = {"decoding_matmul": DECODING_MATMULS,  # ModelRunner attribute -> its choices
                      "decoding_attention": DECODING_ATTENTION}
-
-
 SLOT_VARIANTS = ("eager", "kernels", "trunks", "compact")  # throughput.py --slot-variants: the rows timed beside the default
 
 
