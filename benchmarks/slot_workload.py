@@ -13,7 +13,8 @@ On CUDA, in the same run, the variants SLOT_VARIANTS names (throughput.py --slot
 eager decoding, no CUDA graphs (`eager_decode_row`); the decoding projections on each other
 kernel of ops.DECODING_MATMULS and the attention on each other of
 decode_attention.DECODING_ATTENTION (`setting_row`); the other SHARED_TRUNKS setting
-(`trunks_row`); the layout packed again at half held (`compact_at_half_row`).
+(`trunks_row`); the layout packed again at half held (`compact_at_half_row`); both of the
+last two at once (`trunks_compact_row`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from engine.layers.ops import DECODING_MATMULS
 
 DECODING_SETTINGS = {"decoding_matmul": DECODING_MATMULS,  # ModelRunner attribute -> its choices
                      "decoding_attention": DECODING_ATTENTION}
-SLOT_VARIANTS = ("eager", "kernels", "trunks", "compact")  # throughput.py --slot-variants: the rows timed beside the default
+SLOT_VARIANTS = ("eager", "kernels", "trunks", "compact", "trunks-compact")  # throughput.py --slot-variants: the rows timed beside the default
 
 
 def load_slot_queries(name: str, num_slots: int | None = None) -> list[dict]:
@@ -95,39 +96,62 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
         row["other_trunks"] = trunks_row(*same_run)
     if "compact" in variants:
         row["compact_at_half_held"] = compact_at_half_row(*same_run)
+    if "trunks-compact" in variants:
+        row["other_trunks_compact_at_half_held"] = trunks_compact_row(*same_run)
     return row
+
+
+def compact_at_half(on: bool) -> None:
+    """The decoding layout packed again as soon as half its rows are held, whatever its size
+    (engine/extraction/decoding.py HELD_ROWS_WORTH_COMPACTING = 0; `on` False: the default)."""
+    from engine.extraction import decoding
+
+    decoding.HELD_ROWS_WORTH_COMPACTING = 0 if on else _DEFAULTS["held_rows_worth_compacting"]
+
+
+def other_trunks(on: bool) -> None:
+    """The other setting of engine/layers/decode_attention.py SHARED_TRUNKS (`on` False: the default)."""
+    from engine.layers import decode_attention
+
+    decode_attention.SHARED_TRUNKS = not _DEFAULTS["shared_trunks"] if on else _DEFAULTS["shared_trunks"]
+
+
+def _defaults() -> dict:
+    from engine.extraction import decoding
+    from engine.layers import decode_attention
+
+    return {"held_rows_worth_compacting": decoding.HELD_ROWS_WORTH_COMPACTING,
+            "shared_trunks": decode_attention.SHARED_TRUNKS}
+
+
+_DEFAULTS = _defaults()  # the engine's settings as imported, which the variants switch back to
 
 
 def compact_at_half_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
                         num_slot_answers: int) -> dict:
-    """The same requests with the decoding layout packed again as soon as half its rows are
-    held, whatever its size (engine/extraction/decoding.py HELD_ROWS_WORTH_COMPACTING = 0):
-    fewer rows and entries per pass after slots finish, for a new capture each time."""
-    from engine.extraction import decoding
-
-    kept = decoding.HELD_ROWS_WORTH_COMPACTING
-
-    def compact_at_half(on: bool) -> None:
-        decoding.HELD_ROWS_WORTH_COMPACTING = 0 if on else kept
-
+    """The same requests with the layout packed again at half held: fewer rows and entries
+    per pass after slots finish, for a new capture each time."""
     return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, compact_at_half) | {
         "held_rows_worth_compacting": 0}
 
 
 def trunks_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
                num_slot_answers: int) -> dict:
-    """The same requests with the other setting of engine/layers/decode_attention.py
-    SHARED_TRUNKS: the slots of one content reading the prompt rows they share from one
-    sibling's arena entry, or each from its own copy."""
-    from engine.layers import decode_attention
+    """The same requests with the other SHARED_TRUNKS setting: the slots of one content reading
+    the prompt rows they share from one sibling's arena entry, or each from its own copy."""
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, other_trunks) | {
+        "shared_trunks": not _DEFAULTS["shared_trunks"]}
 
-    default = decode_attention.SHARED_TRUNKS
 
-    def other(on: bool) -> None:
-        decode_attention.SHARED_TRUNKS = not default if on else default
+def trunks_compact_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                       num_slot_answers: int) -> dict:
+    """The same requests with both the other SHARED_TRUNKS setting and the layout packed again at half held."""
+    def both(on: bool) -> None:
+        other_trunks(on)
+        compact_at_half(on)
 
-    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, other) | {
-        "shared_trunks": not default}
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, both) | {
+        "shared_trunks": not _DEFAULTS["shared_trunks"], "held_rows_worth_compacting": 0}
 
 
 def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,

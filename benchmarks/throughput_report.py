@@ -155,6 +155,11 @@ def _host_lines(result: dict) -> list[str]:
             lines.append(f"\n- the same slots with the decoding layout packed again as soon as half its rows are held"
                          f" (HELD_ROWS_WORTH_COMPACTING = 0): +{compact['slot_extra_seconds']:.3f} s ="
                          f" {compact['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+        if "other_trunks_compact_at_half_held" in row:
+            both = row["other_trunks_compact_at_half_held"]
+            lines.append(f"\n- the same slots with both: SHARED_TRUNKS = {both['shared_trunks']} and the layout packed again"
+                         f" at half held: +{both['slot_extra_seconds']:.3f} s ="
+                         f" {both['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
     return lines
 
 
