@@ -13,8 +13,8 @@ On CUDA, in the same run, the variants SLOT_VARIANTS names (throughput.py --slot
 eager decoding, no CUDA graphs (`eager_decode_row`); the decoding projections on each other
 kernel of ops.DECODING_MATMULS and the attention on each other of
 decode_attention.DECODING_ATTENTION (`setting_row`); the other SHARED_TRUNKS setting
-(`trunks_row`); the layout packed again at half held (`compact_at_half_row`); both of the
-last two at once (`trunks_compact_row`).
+(`trunks_row`); the other HELD_ROWS_WORTH_COMPACTING setting (`compaction_row`); both of the
+last two at once (`trunks_compaction_row`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from engine.layers.ops import DECODING_MATMULS
 
 DECODING_SETTINGS = {"decoding_matmul": DECODING_MATMULS,  # ModelRunner attribute -> its choices
                      "decoding_attention": DECODING_ATTENTION}
-SLOT_VARIANTS = ("eager", "kernels", "trunks", "compact", "trunks-compact")  # throughput.py --slot-variants: the rows timed beside the default
+SLOT_VARIANTS = ("eager", "kernels", "trunks", "compact", "trunks-compact")
+OTHER_COMPACTION = {0: 512, None: 0}  # HELD_ROWS_WORTH_COMPACTING's other setting: from 0 (every layout) to 512, from any other to 0  # throughput.py --slot-variants: the rows timed beside the default
 
 
 def load_slot_queries(name: str, num_slots: int | None = None) -> list[dict]:
@@ -95,18 +96,23 @@ def run_slots(run_spinf, system_row, engine, workload, args, bf16_row: dict, num
     if "trunks" in variants:
         row["other_trunks"] = trunks_row(*same_run)
     if "compact" in variants:
-        row["compact_at_half_held"] = compact_at_half_row(*same_run)
+        row["other_compaction"] = compaction_row(*same_run)
     if "trunks-compact" in variants:
-        row["other_trunks_compact_at_half_held"] = trunks_compact_row(*same_run)
+        row["other_trunks_compaction"] = trunks_compaction_row(*same_run)
     return row
 
 
-def compact_at_half(on: bool) -> None:
-    """The decoding layout packed again as soon as half its rows are held, whatever its size
-    (engine/extraction/decoding.py HELD_ROWS_WORTH_COMPACTING = 0; `on` False: the default)."""
+def other_compaction(on: bool) -> None:
+    """The other setting of engine/extraction/decoding.py HELD_ROWS_WORTH_COMPACTING (the
+    layouts packed again once half their rows are held; `on` False: the default)."""
     from engine.extraction import decoding
 
-    decoding.HELD_ROWS_WORTH_COMPACTING = 0 if on else _DEFAULTS["held_rows_worth_compacting"]
+    decoding.HELD_ROWS_WORTH_COMPACTING = _other_compaction() if on else _DEFAULTS["held_rows_worth_compacting"]
+
+
+def _other_compaction() -> int:
+    default = _DEFAULTS["held_rows_worth_compacting"]
+    return OTHER_COMPACTION.get(default, OTHER_COMPACTION[None])
 
 
 def other_trunks(on: bool) -> None:
@@ -127,12 +133,13 @@ def _defaults() -> dict:
 _DEFAULTS = _defaults()  # the engine's settings as imported, which the variants switch back to
 
 
-def compact_at_half_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
-                        num_slot_answers: int) -> dict:
-    """The same requests with the layout packed again at half held: fewer rows and entries
-    per pass after slots finish, for a new capture each time."""
-    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, compact_at_half) | {
-        "held_rows_worth_compacting": 0}
+def compaction_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                   num_slot_answers: int) -> dict:
+    """The same requests with the other compaction setting: with 0, every layout is packed again
+    once half its rows are held (fewer rows and entries per pass after slots finish, for a new
+    eager pass and capture each time); with 512, only layouts of 512 rows or more."""
+    return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, other_compaction) | {
+        "held_rows_worth_compacting": _other_compaction()}
 
 
 def trunks_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
@@ -143,15 +150,15 @@ def trunks_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, 
         "shared_trunks": not _DEFAULTS["shared_trunks"]}
 
 
-def trunks_compact_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
-                       num_slot_answers: int) -> dict:
-    """The same requests with both the other SHARED_TRUNKS setting and the layout packed again at half held."""
+def trunks_compaction_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,
+                          num_slot_answers: int) -> dict:
+    """The same requests with both the other SHARED_TRUNKS and the other compaction setting."""
     def both(on: bool) -> None:
         other_trunks(on)
-        compact_at_half(on)
+        other_compaction(on)
 
     return variant_row(run_spinf, engine, requests, repeats, bf16_row, num_slot_answers, both) | {
-        "shared_trunks": not _DEFAULTS["shared_trunks"], "held_rows_worth_compacting": 0}
+        "shared_trunks": not _DEFAULTS["shared_trunks"], "held_rows_worth_compacting": _other_compaction()}
 
 
 def eager_decode_row(run_spinf, engine, requests: list[ScoringRequest], repeats: int, bf16_row: dict,

@@ -150,17 +150,24 @@ def _host_lines(result: dict) -> list[str]:
             lines.append(f"\n- the same slots with {how} (SHARED_TRUNKS = {other['shared_trunks']}):"
                          f" +{other['slot_extra_seconds']:.3f} s ="
                          f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
-        if "compact_at_half_held" in row:
-            compact = row["compact_at_half_held"]
-            lines.append(f"\n- the same slots with the decoding layout packed again as soon as half its rows are held"
-                         f" (HELD_ROWS_WORTH_COMPACTING = 0): +{compact['slot_extra_seconds']:.3f} s ="
-                         f" {compact['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
-        if "other_trunks_compact_at_half_held" in row:
-            both = row["other_trunks_compact_at_half_held"]
-            lines.append(f"\n- the same slots with both: SHARED_TRUNKS = {both['shared_trunks']} and the layout packed again"
-                         f" at half held: +{both['slot_extra_seconds']:.3f} s ="
+        if "other_compaction" in row:
+            other = row["other_compaction"]
+            lines.append(f"\n- the same slots with the decoding layouts packed again once half their rows are held"
+                         f" {_compaction_scope(other)} (HELD_ROWS_WORTH_COMPACTING = {other['held_rows_worth_compacting']}):"
+                         f" +{other['slot_extra_seconds']:.3f} s ="
+                         f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+        if "other_trunks_compaction" in row:
+            both = row["other_trunks_compaction"]
+            lines.append(f"\n- the same slots with both other settings: SHARED_TRUNKS = {both['shared_trunks']},"
+                         f" HELD_ROWS_WORTH_COMPACTING = {both['held_rows_worth_compacting']}:"
+                         f" +{both['slot_extra_seconds']:.3f} s ="
                          f" {both['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
     return lines
+
+
+def _compaction_scope(row: dict) -> str:
+    rows = row["held_rows_worth_compacting"]
+    return "whatever their size" if rows == 0 else f"only for layouts of {rows} rows or more"
 
 
 def _prefix_batched_lines(result: dict) -> list[str]:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from engine.extraction.kv_cache import KVArena, SlotKV
 
 
-SHARED_TRUNKS = False  # True: the Triton kernel reads the trunk the slots of one content share from one sibling's entry (not yet timed on a GPU)
+SHARED_TRUNKS = True  # the Triton kernel reads the trunk the slots of one content share from one sibling's entry (False: each its own copy)
 DECODING_ATTENTION = ("triton", "sdpa")  # how a decoding pass's attention runs on CUDA (CPU: always sdpa)
 _DECODING_ATTENTION = ContextVar("decoding_attention", default="triton")
 
