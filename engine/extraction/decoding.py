@@ -45,7 +45,7 @@ from engine.pipeline.runner import ModelRunner
 from engine.pipeline.stages import PackedBatch, RunnerOutput, TokenTree, TreeOwner
 from engine.pipeline.tree import build_tree
 
-HELD_ROWS_WORTH_COMPACTING = 0  # a layout of this many rows or more is packed again once half of them are held (0: every layout)
+HELD_ROWS_WORTH_COMPACTING = 512  # a layout of this many rows or more is packed again once half of them are held (0: every layout)
 
 PackFn = Callable[[Iterable[tuple[TreeOwner, TokenTree]], int], Iterator[PackedBatch]]  # (items, max_num_tokens) -> passes
 
