@@ -22,7 +22,7 @@ SDPA per layer for each (capacity, rows) pair present (a few, not one per slot).
 Trunk: the slots of one tree share their path's first rows (the content, and the template up
 to where their questions part: `Trunk.num_rows`, from the packer). Each slot's entry holds its
 own copy of them, the same values; with engine/layers/decode_attention.py SHARED_TRUNKS on
-(off by default: not yet timed on a GPU), the Triton decoding attention reads one sibling's
+(the default; docs/extraction.md has its timing), the Triton decoding attention reads one sibling's
 copy for all of them (`DecodeGroup.spans`' trunk columns), so those reads can come from L2.
 
 Batch invariance (a slot's answers do not depend on what is decoded beside it):

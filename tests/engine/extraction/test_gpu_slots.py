@@ -46,6 +46,7 @@ def test_gpu_slot_answers_alone_vs_packed_are_bit_identical(attention, monkeypat
 
     engine, requests = _news_slots(num_layers=6, num_slots=4)
     engine.runner.decoding_attention = attention.removesuffix("-trunks")
+    monkeypatch.setattr(decode_attention, "SHARED_TRUNKS", False)  # "triton": each slot reads its own copy
     if attention == "triton-trunks":  # each content's slots read their shared rows from one entry: the same bits
         own = [_slots(r) for r in engine.score_requests(requests).results]
         monkeypatch.setattr(decode_attention, "SHARED_TRUNKS", True)

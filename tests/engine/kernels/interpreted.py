@@ -304,7 +304,7 @@ def check_decode_attention_groups() -> None:
         for layer in range(layers):
             getattr(slots[4], part)[layer][: trunk.num_rows] = getattr(slots[2], part)[layer][: trunk.num_rows]
     slots[2].trunk = slots[4].trunk = trunk
-    decode_module.SHARED_TRUNKS = True  # this process only (the engine's default is False)
+    decode_module.SHARED_TRUNKS = True  # this process only (whatever the engine's default)
     store = kv_cache.KVStore()
     for step in range(3):
         store.reserve(slots, [n] * len(slots), [0] * len(slots))
