@@ -28,8 +28,7 @@ from engine.layers.ops import DECODING_MATMULS
 
 DECODING_SETTINGS = {"decoding_matmul": DECODING_MATMULS,  # ModelRunner attribute -> its choices
                      "decoding_attention": DECODING_ATTENTION}
-SLOT_VARIANTS = ("eager", "kernels", "trunks", "compact", "trunks-compact")
-OTHER_COMPACTION = {0: 512, None: 0}  # HELD_ROWS_WORTH_COMPACTING's other setting: from 0 (every layout) to 512, from any other to 0  # throughput.py --slot-variants: the rows timed beside the default
+SLOT_VARIANTS = ("eager", "kernels", "trunks", "compact", "trunks-compact")  # throughput.py --slot-variants: the rows timed beside the default
 
 
 def load_slot_queries(name: str, num_slots: int | None = None) -> list[dict]:
@@ -111,8 +110,8 @@ def other_compaction(on: bool) -> None:
 
 
 def _other_compaction() -> int:
-    default = _DEFAULTS["held_rows_worth_compacting"]
-    return OTHER_COMPACTION.get(default, OTHER_COMPACTION[None])
+    """0 (every layout) against any other default; 512 against a default of 0."""
+    return 512 if _DEFAULTS["held_rows_worth_compacting"] == 0 else 0
 
 
 def other_trunks(on: bool) -> None:
