@@ -5,7 +5,7 @@
 # these two and tests also need the .whl-worker wheels). Tokenizers come as .tok/ or, smaller, as
 # .tokgz/<name>.tgz (unpacked into .tok/ here).
 # Each script writes its result into benchmarks/results/ under the name of what it measures
-# (benchmarks/result_files.py), with $COMMIT inside (the copy there has no .git); this run's
+# (benchmarks/result_files.py), with $COMMIT inside (pass it as a literal hash: the copy's own git, if any, need not be at its tree's commit); this run's
 # new result files and the logs come back in $OUT/run.tgz. See docs/performance.md.
 # STAGE_TIMEOUT (seconds, default 3000: set it under the device call's limit, e.g. 555) bounds the
 # throughput and worker stages, so a long one still ends before the call's limit and the files
