@@ -133,36 +133,31 @@ def _host_lines(result: dict) -> list[str]:
                          f" {part['decoding_host_seconds']:.3f} s (batches built {part['prepare_seconds']:.3f} s,"
                          f" beams advanced {part['advance_seconds']:.3f} s)")
         if "eager_decode" in row:
-            eager = row["eager_decode"]
-            lines.append(f"\n- the same slots with every decoding pass launched kernel by kernel (no CUDA graphs):"
-                         f" +{eager['slot_extra_seconds']:.3f} s ="
-                         f" {eager['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+            lines.append(_variant_line("every decoding pass launched kernel by kernel (no CUDA graphs)", row["eager_decode"]))
         for setting, what in (("decoding_matmul", "projections"), ("decoding_attention", "attention")):
             for choice, other in row.get(f"other_{setting}", {}).items():
-                lines.append(f"\n- the same slots with the decoding passes' {what} on {DECODING_KERNELS.get(choice, choice)}"
-                             f" (this run's default: {DECODING_KERNELS.get(row[setting], row[setting])}):"
-                             f" +{other['slot_extra_seconds']:.3f} s ="
-                             f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+                lines.append(_variant_line(f"the decoding passes' {what} on {DECODING_KERNELS.get(choice, choice)}"
+                                           f" (this run's default: {DECODING_KERNELS.get(row[setting], row[setting])})", other))
         if "other_trunks" in row:
             other = row["other_trunks"]
             how = ("the slots of one content reading the prompt rows they share from one sibling's arena entry"
                    if other["shared_trunks"] else "each slot reading its own copy of the prompt rows its content's slots share")
-            lines.append(f"\n- the same slots with {how} (SHARED_TRUNKS = {other['shared_trunks']}):"
-                         f" +{other['slot_extra_seconds']:.3f} s ="
-                         f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+            lines.append(_variant_line(f"{how} (SHARED_TRUNKS = {other['shared_trunks']})", other))
         if "other_compaction" in row:
             other = row["other_compaction"]
-            lines.append(f"\n- the same slots with the decoding layouts packed again once half their rows are held"
-                         f" {_compaction_scope(other)} (HELD_ROWS_WORTH_COMPACTING = {other['held_rows_worth_compacting']}):"
-                         f" +{other['slot_extra_seconds']:.3f} s ="
-                         f" {other['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+            lines.append(_variant_line(f"the decoding layouts packed again once half their rows are held {_compaction_scope(other)}"
+                                       f" (HELD_ROWS_WORTH_COMPACTING = {other['held_rows_worth_compacting']})", other))
         if "other_trunks_compaction" in row:
             both = row["other_trunks_compaction"]
-            lines.append(f"\n- the same slots with both other settings: SHARED_TRUNKS = {both['shared_trunks']},"
-                         f" HELD_ROWS_WORTH_COMPACTING = {both['held_rows_worth_compacting']}:"
-                         f" +{both['slot_extra_seconds']:.3f} s ="
-                         f" {both['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
+            lines.append(_variant_line(f"both other settings: SHARED_TRUNKS = {both['shared_trunks']},"
+                                       f" HELD_ROWS_WORTH_COMPACTING = {both['held_rows_worth_compacting']}", both))
     return lines
+
+
+def _variant_line(what: str, variant: dict) -> str:
+    """One same-run variant of the slots: its extra seconds and scoring-token equivalents per answer."""
+    return (f"\n- the same slots with {what}: +{variant['slot_extra_seconds']:.3f} s ="
+            f" {variant['slot_scoring_token_equivalents_per_answer']:.1f} scoring-token equivalents per answer")
 
 
 def _compaction_scope(row: dict) -> str:
