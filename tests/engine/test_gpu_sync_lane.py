@@ -1,7 +1,7 @@
 """GPU: sync arrivals run in passes of their own on a high-priority stream beside the batch's
 passes (engine/pipeline/sync_lane.py): each is answered on that stream, with no more than the
-batch pass in flight and the next one ending while it waits, with the bits it gets alone (a 24-layer cut of the Gemma-3-12B architecture,
-random weights, real tokenizer, news requests). How soon, against the batch's passes, is a
+batch pass in flight and the next one ending while it waits, with the bits it gets alone (a
+24-layer cut of the Gemma-3-12B architecture, random weights, real tokenizer, news requests). How soon, against the batch's passes, is a
 measurement, not a test: benchmarks/service_load.py (docs/performance.md, sync calls)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 @pytest.mark.gpu
-def test_gpu_arrivals_are_answered_within_a_batch_pass_with_their_own_bits(gemma_cut_engine):
+def test_gpu_arrivals_run_on_the_lane_past_at_most_two_batch_passes_with_their_own_bits(gemma_cut_engine):
     from pass_log import PassLog
     from workloads import load_workload
 
