@@ -1,11 +1,15 @@
-"""Launch options of the fp8 gated-activation kernel on one pass's MLP shape (GPU).
+"""Where and how the fp8 MLP's act(gate) * up runs, on one pass's MLP shape (GPU).
 
-    python3 benchmarks/gated_act_options.py [--rows 15872] [--intermediate 15360]
+    python3 benchmarks/gated_act_options.py [--rows 15872] [--hidden 3840] [--intermediate 15360]
       --> benchmarks/results/gated-act-options.json (the commit inside)
       gate_up [rows, 2 x intermediate] bf16 (random) --gated_act_fp8_kernel, per num_warps-->
           e4m3 [rows, intermediate] + scale [rows]; each variant's bits against the shipped launch
       also: gated_act then quantize_rows (the two-kernel path it replaced), and a plain copy of
       gate_up (what the memory system gives for the bytes read), as GB/s of bytes moved.
+      x [rows, hidden] e4m3 rows + a random gate_up Fp8Weight --> down_proj's e4m3 rows, two ways:
+          unfused: fp8_matmul writes gate_up, gated_act_fp8 (the path above)
+          fused: fp8_gate_up_act (the activation in the matmul's epilogue), then quantize_rows
+          (per pipeline depth); each timed whole and by kernel, bits against unfused.
 
 The row's amax is a max (exact in any order) and the rest is elementwise, so a launch option
 may not change a bit; the `bit_identical` column checks that on the GPU.
@@ -25,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_bench import bench  # noqa: E402
 from result_files import new_result, write_json  # noqa: E402
 
-from engine.kernels import fp8_matmul, gated_act  # noqa: E402
+from engine.kernels import fp8_gate_up, fp8_matmul, gated_act  # noqa: E402
+from engine.kernels.matmul import TileConfig  # noqa: E402
 
 NUM_WARPS = (4, 8, 16, 32)
 
@@ -34,9 +39,51 @@ def launch(gate_up: torch.Tensor, num_warps: int | None = None) -> tuple[torch.T
     return gated_act.gated_act_fp8(gate_up, "gelu_pytorch_tanh", num_warps=num_warps)
 
 
+def epilogue_rows(rows: int, hidden: int, intermediate: int) -> list[dict]:
+    """The activation in gate_up's epilogue against its own kernel after the matmul."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(rows, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(2 * intermediate, hidden, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    weight, (xq, x_scale) = fp8_matmul.quantize_weight(w), fp8_matmul.quantize_rows(x)
+    flop = 2 * rows * hidden * 2 * intermediate
+
+    def unfused():
+        return launch(fp8_matmul.fp8_matmul(xq, x_scale, weight))
+
+    def fused(tiles=fp8_gate_up.GATE_UP_TILES):
+        return fp8_matmul.quantize_rows(fp8_gate_up.fp8_gate_up_act(xq, x_scale, weight, "gelu_pytorch_tanh", tiles=tiles))
+
+    want = unfused()
+    gate_up = fp8_matmul.fp8_matmul(xq, x_scale, weight)
+    y = fp8_gate_up.fp8_gate_up_act(xq, x_scale, weight, "gelu_pytorch_tanh")
+    out = [{"variant": "unfused: fp8_matmul gate_up, then gated_act_fp8", "ms": bench(unfused) * 1e3,
+            "matmul_ms": bench(lambda: fp8_matmul.fp8_matmul(xq, x_scale, weight)) * 1e3,
+            "activation_ms": bench(lambda: launch(gate_up)) * 1e3}]
+    out[0]["matmul_tflops"] = flop / out[0]["matmul_ms"] / 1e9
+    base = fp8_gate_up.GATE_UP_TILES
+    for stages in (base.num_stages, base.num_stages + 1):
+        tiles = TileConfig(base.block_m, base.block_n, base.block_k, base.group_m, base.num_warps, stages)
+        name = f"fused: fp8_gate_up_act (num_stages={stages}), then quantize_rows"
+        try:
+            got = fused(tiles)
+            row = {"variant": name, "ms": bench(lambda t=tiles: fused(t)) * 1e3,
+                   "matmul_ms": bench(lambda t=tiles: fp8_gate_up.fp8_gate_up_act(xq, x_scale, weight, "gelu_pytorch_tanh", tiles=t)) * 1e3,
+                   "activation_ms": bench(lambda: fp8_matmul.quantize_rows(y)) * 1e3,
+                   "bit_identical": bool(torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+                                         and torch.equal(got[1], want[1]))}
+            row["matmul_tflops"] = flop / row["matmul_ms"] / 1e9
+        except Exception as error:  # a pipeline depth that does not fit shared memory is reported
+            row = {"variant": name, "error": repr(error)[:300]}
+        out.append(row)
+    for row in out:
+        print(row, flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=15872)
+    parser.add_argument("--hidden", type=int, default=3840)
     parser.add_argument("--intermediate", type=int, default=15360)
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -66,6 +113,8 @@ def main() -> None:
         print(row, flush=True)
     result = new_result(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=args.rows,
                         intermediate=args.intermediate, bytes_moved_fused=moved, variants=rows)
+    result["hidden"] = args.hidden
+    result["gate_up_epilogue"] = epilogue_rows(args.rows, args.hidden, args.intermediate)
     write_json(result, "gated-act-options")
 
 

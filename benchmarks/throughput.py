@@ -1,5 +1,6 @@
 """Throughput, side by side, in ONE process on one GPU: spinf_bf16, hf_prefix, hf_prefix_batched,
-hf_naive, spinf_fp8 (--skip any but spinf_bf16).
+hf_naive, spinf_fp8 (--skip any but spinf_bf16); on a GPU also spinf_fp8_gate_up_unfused, the fp8 engine
+again with act(gate) * up in its own kernel (the path the gate_up epilogue replaces; --no-fp8-variants skips it).
 
     python3 benchmarks/throughput.py --model gemma-3-12b --workload news [--sweeps]
       1. matmul peaks: cuBLAS bf16 8192^3 and torch._scaled_mm fp8 8192^3 (MFU denominators)
@@ -51,6 +52,7 @@ from timeline import brief, timeline  # noqa: E402
 from workloads import load_workload  # noqa: E402
 
 from contract.protocol import ScoringRequest  # noqa: E402
+from engine.layers import ops  # noqa: E402
 from engine.loading.quantization import quantize_linears_fp8  # noqa: E402
 
 
@@ -206,6 +208,8 @@ def parse_args() -> argparse.Namespace:
                         help=f"with --slots: the same-run variants to time, a comma list of {', '.join(SLOT_VARIANTS)}")
     parser.add_argument("--no-slot-variants", dest="slot_variants", action="store_const", const="",
                         help="with --slots: time none of the same-run variants")
+    parser.add_argument("--no-fp8-variants", dest="fp8_variants", action="store_false",
+                        help="skip spinf_fp8_gate_up_unfused (spinf_fp8 with the unfused gate_up, same run)")
     parser.add_argument("--profile", action="store_true", help="write a per-op table of one run of each spinf system")
     parser.add_argument("--results-dir", default=None, help="write the result pair here, not in benchmarks/results/")
     return parser.parse_args()
@@ -351,6 +355,12 @@ def run_fp8(result: dict, hf, tokenizer, requests, bf16_results, args, params: i
         print(profile_pass(engine8, compiled8, result, "spinf_fp8"), flush=True)
     result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
     print("spinf_fp8", _brief(row), result["fp8_vs_bf16_drift"], flush=True)
+    if on_gpu and args.fp8_variants:
+        with ops.fp8_gate_ups("unfused"):
+            stats, unfused_results, _ = run_spinf(engine8, requests, args.repeats)
+        unfused = result["systems"]["spinf_fp8_gate_up_unfused"] = system_row(stats, num_questions, params, peak)
+        unfused["same_bits_as_spinf_fp8"] = spinf_logprobs(unfused_results) == spinf_logprobs(fp8_results)
+        print("spinf_fp8_gate_up_unfused", _brief(unfused), unfused["same_bits_as_spinf_fp8"], flush=True)
 
 
 def _brief(row: dict) -> str:

@@ -25,6 +25,8 @@ WHAT_IT_DOES = {  # in the table's order
                   " with tree attention",
     "spinf_bf16_slots": "spinf_bf16 with extraction slots added to every request",
     "spinf_fp8": "spinf_bf16's passes with fp8 (e4m3) weights and activations",
+    "spinf_fp8_gate_up_unfused": "spinf_fp8 with act(gate) * up in its own kernel after the gate_up matmul (the path"
+                                 " the matmul's epilogue replaces; same engine, same run)",
     "hf_prefix_batched": "transformers: G contents' trunks in one left-padded forward (DynamicCache), then their"
                          " questions C rows per forward over each row's trunk K/V (right-padded, position ids after"
                          " each trunk)",

@@ -33,7 +33,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.layers.ops import (
     ROW_CHUNK,
     Fp8Rows,
-    gated_linear,
+    gated_mlp,
     linear,
     rms_norm,
     rope_cos_sin,
@@ -141,8 +141,8 @@ class GatedMLP(nn.Module):
         fuse_linears(self, ("gate_proj", "up_proj"), "gate_up_proj")
 
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:  # [T, D] -> [T, D]
-        gate_up = self.gate_up_proj(x)  # [T, 2I]
-        return gated_linear(gate_up, self.activation, self.down_proj.weight, self.down_proj.bias)  # [T, D]
+        gate_up, down = self.gate_up_proj, self.down_proj
+        return gated_mlp(x, gate_up.weight, gate_up.bias, self.activation, down.weight, down.bias)  # [T, D]
 
 
 class Embedding(nn.Module):

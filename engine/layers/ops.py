@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import add_rms_norm as add_rms_norm_kernels
-from engine.kernels import fp8_matmul, gated_act, matmul, matmul_split_k
+from engine.kernels import fp8_gate_up, fp8_matmul, gated_act, matmul, matmul_split_k
 from engine.kernels import rms_norm as rms_norm_kernels
 from engine.kernels.fp8_matmul import Fp8Rows, Fp8Weight
 from engine.kernels.int8_weight import Int8Weight
@@ -38,6 +38,8 @@ SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tre
 
 DECODING_MATMULS = ("tiles", "blas", "split_k", "scoring")  # the kernels a decoding pass's projections may run on
 _DECODING_MATMUL = ContextVar("decoding_matmul", default="scoring")
+FP8_GATE_UPS = ("fused", "unfused")  # an fp8 MLP's gate_up: act(gate) * up in its epilogue, or its own kernel
+_FP8_GATE_UP = ContextVar("fp8_gate_up", default="fused")
 
 
 @contextmanager
@@ -57,6 +59,12 @@ def decoding_matmuls(kernel: str):
     DECODING_MATMULS; the passes of engine/extraction, and a CUDA graph captured inside keeps
     it). CPU: no effect."""
     return chosen(_DECODING_MATMUL, kernel, DECODING_MATMULS)
+
+
+def fp8_gate_ups(mode: str):
+    """Inside: an fp8 MLP on CUDA runs its gate_up `mode` (one of FP8_GATE_UPS; "unfused" is the
+    path the fused kernel replaces, for same-run comparisons). CPU: no effect."""
+    return chosen(_FP8_GATE_UP, mode, FP8_GATE_UPS)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -160,6 +168,22 @@ def gated_linear(
     if gate_up.is_cuda and isinstance(weight, Fp8Weight) and activation in gated_act.GATED_ACTIVATIONS:
         return linear(Fp8Rows(*gated_act.gated_act_fp8(gate_up, activation), gate_up.dtype), weight, bias)
     return linear(gated_activation(gate_up, activation), weight, bias)
+
+
+def gated_mlp(
+    x: torch.Tensor | Fp8Rows, gate_up: torch.Tensor | Fp8Weight | Int8Weight, gate_up_bias: torch.Tensor | None,
+    activation: str, down: torch.Tensor | Fp8Weight | Int8Weight, down_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """down(act(gate) * up) for x [T, D] and gate_up [2I, D] -> [T, D]. Both weights fp8 on
+    CUDA, gate_up without bias: gate_up's kernel applies the activation in its epilogue and
+    writes [T, I] (fp8_gate_up.py; unless `fp8_gate_ups("unfused")`), quantize_rows feeds down.
+    Otherwise linear, then gated_linear."""
+    fused = x.is_cuda and _FP8_GATE_UP.get() == "fused" and activation in gated_act.GATED_ACTIVATIONS
+    if fused and gate_up_bias is None and isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight):
+        rows = x if isinstance(x, Fp8Rows) else Fp8Rows(*fp8_matmul.quantize_rows(x), x.dtype)
+        y = fp8_gate_up.fp8_gate_up_act(rows.xq, rows.scale, gate_up, activation, out_dtype=rows.dtype)
+        return linear(Fp8Rows(*fp8_matmul.quantize_rows(y), y.dtype), down, down_bias)
+    return gated_linear(linear(x, gate_up, gate_up_bias), activation, down, down_bias)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
