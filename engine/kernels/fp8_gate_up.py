@@ -40,21 +40,32 @@ def fp8_gate_up_act_reference(x: torch.Tensor, weight: Fp8Weight, activation: st
 @jit(do_not_specialize=["M"])
 def fp8_gate_up_act_kernel(
     x_desc, w_desc, y_desc, x_scale_ptr, w_scale_ptr, M, I, K,
-    ACT: tl.constexpr, C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+    ACT: tl.constexpr, C: tl.constexpr, ONE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
 ):
+    """ONE_DOT: w_desc views the weight as [2, I, K] and one load brings a gate tile and its up
+    tile as [2 x BN, BK] (one dot, the accumulator split in the epilogue); else w_desc is
+    [2I, K] and the two tiles are two loads and two dots."""
     num_tiles_m = tl.cdiv(M, BLOCK_M)
     num_tiles_n = tl.cdiv(I, BLOCK_N)
     for tile_id in tl.range(tl.program_id(0), num_tiles_m * num_tiles_n, NUM_SMS, flatten=True):
         tile_m, tile_n = _tile_coords(tile_id, num_tiles_m, num_tiles_n, GROUP_M)
-        acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            x = x_desc.load([tile_m * BLOCK_M, k])  # [BM, BK] e4m3
-            w_gate = w_desc.load([tile_n * BLOCK_N, k])  # [BN, BK]: gate rows
-            w_up = w_desc.load([I + tile_n * BLOCK_N, k])  # [BN, BK]: the up rows of the same columns
-            acc_gate = tl.dot(x, w_gate.T, acc_gate)
-            acc_up = tl.dot(x, w_up.T, acc_up)
+        if ONE_DOT:
+            acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                x = x_desc.load([tile_m * BLOCK_M, k])  # [BM, BK] e4m3
+                w = w_desc.load([0, tile_n * BLOCK_N, k]).reshape(2 * BLOCK_N, BLOCK_K)  # gate rows | up rows
+                acc = tl.dot(x, w.T, acc)
+            acc_gate, acc_up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+        else:
+            acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                x = x_desc.load([tile_m * BLOCK_M, k])  # [BM, BK] e4m3
+                w_gate = w_desc.load([tile_n * BLOCK_N, k])  # [BN, BK]: gate rows
+                w_up = w_desc.load([I + tile_n * BLOCK_N, k])  # [BN, BK]: the up rows of the same columns
+                acc_gate = tl.dot(x, w_gate.T, acc_gate)
+                acc_up = tl.dot(x, w_up.T, acc_up)
         rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)  # lanes past I hold other rows' sums: never stored
         x_scale = tl.load(x_scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
@@ -67,9 +78,10 @@ def fp8_gate_up_act_kernel(
 
 def fp8_gate_up_act(
     xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, activation: str,
-    out_dtype: torch.dtype = torch.bfloat16, tiles: TileConfig = GATE_UP_TILES,
+    out_dtype: torch.dtype = torch.bfloat16, tiles: TileConfig = GATE_UP_TILES, one_dot: bool = True,
 ) -> torch.Tensor:
-    """xq [M, D] e4m3, x_scale [M], weight [2I, D] (gate rows, then up rows) -> act(gate) * up [M, I]."""
+    """xq [M, D] e4m3, x_scale [M], weight [2I, D] (gate rows, then up rows) -> act(gate) * up [M, I].
+    one_dot: the kernel's ONE_DOT (the launch; the same bits either way)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if not HAS_TRITON:
@@ -84,14 +96,17 @@ def fp8_gate_up_act(
     if num_rows == 0:
         return y
     x_desc = TensorDescriptor.from_tensor(xq, [tiles.block_m, tiles.block_k])
-    w_desc = TensorDescriptor.from_tensor(weight.qweight, [tiles.block_n, tiles.block_k])
+    if one_dot:  # the weight as [2, I, K]: gate rows and up rows of one column tile in one box
+        w_desc = TensorDescriptor.from_tensor(weight.qweight.view(2, inner, depth), [2, tiles.block_n, tiles.block_k])
+    else:
+        w_desc = TensorDescriptor.from_tensor(weight.qweight, [tiles.block_n, tiles.block_k])
     y_desc = TensorDescriptor.from_tensor(y, [tiles.block_m, tiles.block_n])
     num_tiles = triton_cdiv(num_rows, tiles.block_m) * triton_cdiv(inner, tiles.block_n)
     sms = num_sms(xq.device)
     fp8_gate_up_act_kernel[(min(sms, num_tiles),)](
         x_desc, w_desc, y_desc, x_scale, weight.scale, num_rows, inner, depth,
-        ACT=GATED_ACTIVATIONS[activation], C=GELU_TANH_C, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, NUM_SMS=sms, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        ACT=GATED_ACTIVATIONS[activation], C=GELU_TANH_C, ONE_DOT=one_dot, BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, NUM_SMS=sms,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return y

@@ -47,6 +47,7 @@ def test_gpu_fp8_gate_up_act_is_the_unfused_path_bit_for_bit(cuda, activation, i
     assert torch.equal(got_scale, want_scale) and torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
     for start, stop in [(0, 1), (9, 200), (900, 1001)]:
         assert torch.equal(fp8_gate_up_act(xq[start:stop], x_scale[start:stop], gate_up, activation), y[start:stop])
+    assert torch.equal(fp8_gate_up_act(xq, x_scale, gate_up, activation, one_dot=False), y)
     ref = fp8_gate_up_act_reference(x, gate_up, activation).float()
     assert (y.float() - ref).norm() / ref.norm() < 5e-3
 
