@@ -76,16 +76,18 @@ def decode_attention_kernel(
     stride_ae, stride_ac, stride_ah, capacity, scale_log2, num_rows,
     ROWS_BLOCK: tl.constexpr, GROUPS: tl.constexpr, GROUPS_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, TRUNKS: tl.constexpr,
+    FIELDS: tl.constexpr,
 ):
     span = tl.program_id(0)
     head = tl.program_id(1)  # kv head
-    start = tl.load(spans_ptr + span * 7 + 0)
-    entry = tl.load(spans_ptr + span * 7 + 1).to(tl.int64)
-    first_new = tl.load(spans_ptr + span * 7 + 2)
-    key_lo = tl.load(spans_ptr + span * 7 + 3)
-    key_hi = tl.load(spans_ptr + span * 7 + 4)
-    trunk_entry = tl.load(spans_ptr + span * 7 + 5).to(tl.int64)
-    trunk_end = tl.load(spans_ptr + span * 7 + 6)
+    fields = spans_ptr + span * FIELDS  # SPAN_FIELDS, in their order
+    start = tl.load(fields + 0)
+    entry = tl.load(fields + 1).to(tl.int64)
+    first_new = tl.load(fields + 2)
+    key_lo = tl.load(fields + 3)
+    key_hi = tl.load(fields + 4)
+    trunk_entry = tl.load(fields + 5).to(tl.int64)
+    trunk_end = tl.load(fields + 6)
     dims = tl.arange(0, HEAD_DIM)
     entry_keys = keys_ptr + entry * stride_ae + head * stride_ah
     entry_values = values_ptr + entry * stride_ae + head * stride_ah
@@ -161,7 +163,7 @@ def decode_attention(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), keys.shape[1], scale * math.log2(math.e), num_rows,
         ROWS_BLOCK=rows_block, GROUPS=groups, GROUPS_BLOCK=next_power_of_2(groups),
-        HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, MASKED=MASKED, TRUNKS=trunks, num_warps=4, num_stages=2,
+        HEAD_DIM=head_dim, BLOCK_N=BLOCK_N, MASKED=MASKED, TRUNKS=trunks, FIELDS=SPAN_FIELDS, num_warps=4, num_stages=2,
     )
     return out
 
