@@ -32,6 +32,12 @@ GATE_UP_TILES = TileConfig(block_m=128, block_n=128, block_k=FP8_TILES.block_k, 
                            num_warps=FP8_TILES.num_warps, num_stages=FP8_TILES.num_stages)
 
 
+def takes(weight: Fp8Weight) -> bool:
+    """Whether the kernel takes this gate_up weight: an even number of rows, I of them a
+    multiple of 8 (y's rows and the [2, I, K] view's planes 16-byte aligned for TMA)."""
+    return weight.shape[0] % 16 == 0
+
+
 def fp8_gate_up_act_reference(x: torch.Tensor, weight: Fp8Weight, activation: str) -> torch.Tensor:
     """x: [M, D] -> act(gate) * up [M, I] in x's dtype: fp8_linear_reference, then the activation."""
     return gated_act_reference(fp8_linear_reference(x, weight), activation)
@@ -89,8 +95,9 @@ def fp8_gate_up_act(
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(f"fp8_gate_up_act: no kernel for {activation!r}; one of {sorted(GATED_ACTIVATIONS)}")
     num_rows, depth = xq.shape
-    if depth % tiles.block_k or depth != weight.shape[1] or weight.shape[0] % 2:
-        raise ValueError(f"fp8_gate_up_act: x {tuple(xq.shape)} vs w {tuple(weight.shape)} (block_k={tiles.block_k})")
+    if depth % tiles.block_k or depth != weight.shape[1] or not takes(weight):
+        raise ValueError(f"fp8_gate_up_act: x {tuple(xq.shape)} vs w {tuple(weight.shape)}: D a multiple of"
+                         f" {tiles.block_k}, w's rows 2I with I a multiple of 8")
     inner = weight.shape[0] // 2
     y = torch.empty(num_rows, inner, dtype=out_dtype, device=xq.device)
     if num_rows == 0:

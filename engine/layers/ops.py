@@ -175,11 +175,12 @@ def gated_mlp(
     activation: str, down: torch.Tensor | Fp8Weight | Int8Weight, down_bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """down(act(gate) * up) for x [T, D] and gate_up [2I, D] -> [T, D]. Both weights fp8 on
-    CUDA, gate_up without bias: gate_up's kernel applies the activation in its epilogue and
+    CUDA, gate_up without bias and a shape the kernel takes (`fp8_gate_up.takes`): gate_up's kernel applies the activation in its epilogue and
     writes [T, I] (fp8_gate_up.py; unless `fp8_gate_ups("unfused")`), quantize_rows feeds down.
     Otherwise linear, then gated_linear."""
     fused = x.is_cuda and _FP8_GATE_UP.get() == "fused" and activation in gated_act.GATED_ACTIVATIONS
-    if fused and gate_up_bias is None and isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight):
+    if fused and gate_up_bias is None and isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight) \
+            and fp8_gate_up.takes(gate_up):
         rows = x if isinstance(x, Fp8Rows) else Fp8Rows(*fp8_matmul.quantize_rows(x), x.dtype)
         y = fp8_gate_up.fp8_gate_up_act(rows.xq, rows.scale, gate_up, activation, out_dtype=rows.dtype)
         return linear(Fp8Rows(*fp8_matmul.quantize_rows(y), y.dtype), down, down_bias)

@@ -2,7 +2,7 @@ import pytest
 import torch
 from kernel_inputs import fresh
 
-from engine.kernels.fp8_gate_up import fp8_gate_up_act, fp8_gate_up_act_reference
+from engine.kernels.fp8_gate_up import fp8_gate_up_act, fp8_gate_up_act_reference, takes
 from engine.kernels.fp8_matmul import fp8_linear, quantize_rows, quantize_weight
 from engine.kernels.gated_act import GATED_ACTIVATIONS, gated_act, gated_act_fp8
 from engine.layers import ops
@@ -24,6 +24,11 @@ def test_cpu_gated_mlp_is_linear_then_gated_linear():
                        ops.gated_activation(ops.linear(x, gate_up), "silu"))
 
 
+def test_the_kernel_takes_an_intermediate_size_of_whole_16_byte_rows():
+    assert takes(_gate_up("cpu", 15360, 128, seed=6)) and takes(_gate_up("cpu", 1096, 128, seed=6))
+    assert not takes(_gate_up("cpu", 1100, 128, seed=6))
+
+
 def test_fp8_gate_ups_names_its_choices():
     with pytest.raises(ValueError, match="fused"):
         with ops.fp8_gate_ups("fast"):
@@ -32,7 +37,7 @@ def test_fp8_gate_ups_names_its_choices():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", sorted(GATED_ACTIVATIONS))
-@pytest.mark.parametrize("inner", [15360, 1100])
+@pytest.mark.parametrize("inner", [15360, 1096])  # 1096: a last column tile past I
 def test_gpu_fp8_gate_up_act_is_the_unfused_path_bit_for_bit(cuda, activation, inner):
     """The epilogue's act(gate) * up: the bits of fp8_matmul's gate_up then gated_act, so
     down_proj's fp8 rows are those of gated_act_fp8; row-invariant; near the fp32 emulation."""
@@ -50,6 +55,16 @@ def test_gpu_fp8_gate_up_act_is_the_unfused_path_bit_for_bit(cuda, activation, i
     assert torch.equal(fp8_gate_up_act(xq, x_scale, gate_up, activation, one_dot=False), y)
     ref = fp8_gate_up_act_reference(x, gate_up, activation).float()
     assert (y.float() - ref).norm() / ref.norm() < 5e-3
+
+
+@pytest.mark.gpu
+def test_gpu_a_shape_the_kernel_does_not_take_says_so_and_gated_mlp_goes_unfused(cuda):
+    x = fresh((300, 256), cuda, seed=12)
+    gate_up, down = _gate_up(cuda, 1100, 256, seed=13), quantize_weight(fresh((256, 1100), cuda, seed=14, scale=0.02))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        fp8_gate_up_act(*quantize_rows(x), gate_up, "silu")
+    assert torch.equal(ops.gated_mlp(x, gate_up, None, "silu", down, None),
+                       ops.gated_linear(fp8_linear(x, gate_up), "silu", down, None))
 
 
 @pytest.mark.gpu
