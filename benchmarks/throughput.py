@@ -1,6 +1,7 @@
 """Throughput, side by side, in ONE process on one GPU: spinf_bf16, hf_prefix, hf_prefix_batched,
-hf_naive, spinf_fp8 (--skip any but spinf_bf16); on a GPU also spinf_fp8_gate_up_unfused, the fp8 engine
-again with act(gate) * up in its own kernel (the path the gate_up epilogue replaces; --no-fp8-variants skips it).
+hf_naive, spinf_fp8 (--skip any but spinf_bf16); on a GPU also spinf_fp8_gate_up_<other>, the fp8 engine
+again with the other setting of ops.FP8_GATE_UP (act(gate) * up in the gate_up matmul's epilogue or in its
+own kernel; --no-fp8-variants skips it).
 
     python3 benchmarks/throughput.py --model gemma-3-12b --workload news [--sweeps]
       1. matmul peaks: cuBLAS bf16 8192^3 and torch._scaled_mm fp8 8192^3 (MFU denominators)
@@ -209,7 +210,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-slot-variants", dest="slot_variants", action="store_const", const="",
                         help="with --slots: time none of the same-run variants")
     parser.add_argument("--no-fp8-variants", dest="fp8_variants", action="store_false",
-                        help="skip spinf_fp8_gate_up_unfused (spinf_fp8 with the unfused gate_up, same run)")
+                        help="skip spinf_fp8_gate_up_<other> (spinf_fp8 with the other ops.FP8_GATE_UP, same run)")
     parser.add_argument("--profile", action="store_true", help="write a per-op table of one run of each spinf system")
     parser.add_argument("--results-dir", default=None, help="write the result pair here, not in benchmarks/results/")
     return parser.parse_args()
@@ -356,11 +357,13 @@ def run_fp8(result: dict, hf, tokenizer, requests, bf16_results, args, params: i
     result["fp8_vs_bf16_drift"] = diff_stats(spinf_logprobs(fp8_results), spinf_logprobs(bf16_results))
     print("spinf_fp8", _brief(row), result["fp8_vs_bf16_drift"], flush=True)
     if on_gpu and args.fp8_variants:
-        with ops.fp8_gate_ups("unfused"):
-            stats, unfused_results, _ = run_spinf(engine8, requests, args.repeats)
-        unfused = result["systems"]["spinf_fp8_gate_up_unfused"] = system_row(stats, num_questions, params, peak)
-        unfused["same_bits_as_spinf_fp8"] = spinf_logprobs(unfused_results) == spinf_logprobs(fp8_results)
-        print("spinf_fp8_gate_up_unfused", _brief(unfused), unfused["same_bits_as_spinf_fp8"], flush=True)
+        other = next(mode for mode in ops.FP8_GATE_UPS if mode != ops.FP8_GATE_UP)
+        with ops.fp8_gate_ups(other):
+            stats, other_results, _ = run_spinf(engine8, requests, args.repeats)
+        name = f"spinf_fp8_gate_up_{other}"
+        row = result["systems"][name] = system_row(stats, num_questions, params, peak)
+        row["same_bits_as_spinf_fp8"] = spinf_logprobs(other_results) == spinf_logprobs(fp8_results)
+        print(name, _brief(row), row["same_bits_as_spinf_fp8"], flush=True)
 
 
 def _brief(row: dict) -> str:

@@ -25,8 +25,10 @@ WHAT_IT_DOES = {  # in the table's order
                   " with tree attention",
     "spinf_bf16_slots": "spinf_bf16 with extraction slots added to every request",
     "spinf_fp8": "spinf_bf16's passes with fp8 (e4m3) weights and activations",
-    "spinf_fp8_gate_up_unfused": "spinf_fp8 with act(gate) * up in its own kernel after the gate_up matmul (the path"
-                                 " the matmul's epilogue replaces; same engine, same run)",
+    "spinf_fp8_gate_up_unfused": "spinf_fp8 with act(gate) * up in its own kernel after the gate_up matmul (same"
+                                 " engine, same run)",
+    "spinf_fp8_gate_up_fused": "spinf_fp8 with act(gate) * up in the gate_up matmul's epilogue"
+                               " (engine/kernels/fp8_gate_up.py; same engine, same run)",
     "hf_prefix_batched": "transformers: G contents' trunks in one left-padded forward (DynamicCache), then their"
                          " questions C rows per forward over each row's trunk K/V (right-padded, position ids after"
                          " each trunk)",
@@ -80,6 +82,10 @@ def markdown(result: dict) -> str:
         lines.append("\nquestions/s over the prefix baselines': " + "; ".join(f"{k.replace('_vs_', ' / ')} {v:.2f}x"
                                                                            for k, v in ratios.items()))
     lines += _host_lines(result)
+    for name, row in result["systems"].items():
+        if "same_bits_as_spinf_fp8" in row:
+            lines.append(f"\n{name}: {row['questions_per_s'] / result['systems']['spinf_fp8']['questions_per_s']:.3f}x"
+                         f" spinf_fp8's questions/s; the same log-probs bit for bit: {row['same_bits_as_spinf_fp8']}")
     for key in ("spinf_bf16_vs_hf_prefix", "hf_naive_vs_hf_prefix", "hf_prefix_batched_vs_hf_prefix", "fp8_vs_bf16_drift"):
         if key in result:
             d = result[key]

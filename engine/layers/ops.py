@@ -39,7 +39,8 @@ SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tre
 DECODING_MATMULS = ("tiles", "blas", "split_k", "scoring")  # the kernels a decoding pass's projections may run on
 _DECODING_MATMUL = ContextVar("decoding_matmul", default="scoring")
 FP8_GATE_UPS = ("fused", "unfused")  # an fp8 MLP's gate_up: act(gate) * up in its epilogue, or its own kernel
-_FP8_GATE_UP = ContextVar("fp8_gate_up", default="fused")
+FP8_GATE_UP = "unfused"  # the default of FP8_GATE_UPS
+_FP8_GATE_UP = ContextVar("fp8_gate_up", default=FP8_GATE_UP)
 
 
 @contextmanager
@@ -62,8 +63,8 @@ def decoding_matmuls(kernel: str):
 
 
 def fp8_gate_ups(mode: str):
-    """Inside: an fp8 MLP on CUDA runs its gate_up `mode` (one of FP8_GATE_UPS; "unfused" is the
-    path the fused kernel replaces, for same-run comparisons). CPU: no effect."""
+    """Inside: an fp8 MLP on CUDA runs its gate_up `mode` (one of FP8_GATE_UPS; the one that is
+    not FP8_GATE_UP is there for same-run comparisons). CPU: no effect."""
     return chosen(_FP8_GATE_UP, mode, FP8_GATE_UPS)
 
 

@@ -63,16 +63,19 @@ def test_gpu_a_shape_the_kernel_does_not_take_says_so_and_gated_mlp_goes_unfused
     gate_up, down = _gate_up(cuda, 1100, 256, seed=13), quantize_weight(fresh((256, 1100), cuda, seed=14, scale=0.02))
     with pytest.raises(ValueError, match="multiple of 8"):
         fp8_gate_up_act(*quantize_rows(x), gate_up, "silu")
-    assert torch.equal(ops.gated_mlp(x, gate_up, None, "silu", down, None),
-                       ops.gated_linear(fp8_linear(x, gate_up), "silu", down, None))
+    with ops.fp8_gate_ups("fused"):
+        assert torch.equal(ops.gated_mlp(x, gate_up, None, "silu", down, None),
+                           ops.gated_linear(fp8_linear(x, gate_up), "silu", down, None))
 
 
 @pytest.mark.gpu
 def test_gpu_gated_mlp_fused_and_unfused_agree(cuda):
     x = fresh((777, 3840), cuda, seed=8)
     gate_up, down = _gate_up(cuda, 15360, 3840, seed=9), quantize_weight(fresh((3840, 15360), cuda, seed=10, scale=0.02))
-    fused = ops.gated_mlp(x, gate_up, None, "gelu_pytorch_tanh", down, None)
+    with ops.fp8_gate_ups("fused"):  # each side its own setting, whatever the default is
+        fused = ops.gated_mlp(x, gate_up, None, "gelu_pytorch_tanh", down, None)
+        other = ops.gated_mlp(x, _gate_up(cuda, 15360, 3840, seed=11), None, "gelu_pytorch_tanh", down, None)
     with ops.fp8_gate_ups("unfused"):
         unfused = ops.gated_mlp(x, gate_up, None, "gelu_pytorch_tanh", down, None)
     assert torch.equal(fused, unfused)
-    assert not torch.equal(fused, ops.gated_mlp(x, _gate_up(cuda, 15360, 3840, seed=11), None, "gelu_pytorch_tanh", down, None))
+    assert not torch.equal(fused, other)
