@@ -101,8 +101,8 @@ def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 
 
 def _fp8_num_warps(block: int) -> int:
-    """A whole row per program: 32 warps for the 16,384-wide rows (0.392 ms against 0.404 with
-    16 and 0.445 with 8 on a 15,872 x 30,720 gate_up on the H200, bit-identical:
+    """A whole row per program: 32 warps for the 16,384-wide rows (0.420 ms against 0.438 with
+    16 and 0.486 with 8 on a 15,872 x 30,720 gate_up on the H100, bit-identical:
     benchmarks/gated_act_options.py, benchmarks/results/gated-act-options.json); narrower rows
     get 4-16 (not measured)."""
     return 32 if block >= 16384 else min(16, max(4, block // 1024))
@@ -113,8 +113,9 @@ def gated_act_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows(gated_act(gate_up)) in one kernel: -> (e4m3 [T, I], scale [T] fp32), the
     input of fp8_matmul for a down projection held as an Fp8Weight (no [T, I] bf16 round trip).
-    The whole row per program (a two-sweep kernel, CHUNK columns at a time, takes 0.60-0.68 ms
-    against 0.39 at every chunk of 1,024-4,096: benchmarks/results/gated-act-options.json);
+    The whole row per program (a two-sweep kernel, CHUNK columns at a time, took 0.60-0.68 ms
+    against 0.39 at every chunk of 1,024-4,096 on the H200: gated-act-options.json at 0af8ef9);
+    an fp8 MLP without bias runs fp8_gate_up.py instead (the same bits);
     num_warps: the launch (the same bits whatever it is)."""
     if not HAS_TRITON:
         raise RuntimeError("gated_act_fp8: Triton is not installed")

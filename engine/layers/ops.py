@@ -39,7 +39,7 @@ SCORE_CHUNK = 8  # rows per fixed-shape LM-head matmul; the packer pads each tre
 DECODING_MATMULS = ("tiles", "blas", "split_k", "scoring")  # the kernels a decoding pass's projections may run on
 _DECODING_MATMUL = ContextVar("decoding_matmul", default="scoring")
 FP8_GATE_UPS = ("fused", "unfused")  # an fp8 MLP's gate_up: act(gate) * up in its epilogue, or its own kernel
-FP8_GATE_UP = "unfused"  # the default of FP8_GATE_UPS
+FP8_GATE_UP = "fused"  # the default of FP8_GATE_UPS (the same bits either way)
 _FP8_GATE_UP = ContextVar("fp8_gate_up", default=FP8_GATE_UP)
 
 
@@ -176,12 +176,11 @@ def gated_mlp(
     activation: str, down: torch.Tensor | Fp8Weight | Int8Weight, down_bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """down(act(gate) * up) for x [T, D] and gate_up [2I, D] -> [T, D]. Both weights fp8 on
-    CUDA, gate_up without bias and a shape the kernel takes (`fp8_gate_up.takes`): gate_up's kernel applies the activation in its epilogue and
+    CUDA, gate_up without bias: gate_up's kernel applies the activation in its epilogue and
     writes [T, I] (fp8_gate_up.py; unless `fp8_gate_ups("unfused")`), quantize_rows feeds down.
     Otherwise linear, then gated_linear."""
     fused = x.is_cuda and _FP8_GATE_UP.get() == "fused" and activation in gated_act.GATED_ACTIVATIONS
-    if fused and gate_up_bias is None and isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight) \
-            and fp8_gate_up.takes(gate_up):
+    if fused and gate_up_bias is None and isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight):
         rows = x if isinstance(x, Fp8Rows) else Fp8Rows(*fp8_matmul.quantize_rows(x), x.dtype)
         y = fp8_gate_up.fp8_gate_up_act(rows.xq, rows.scale, gate_up, activation, out_dtype=rows.dtype)
         return linear(Fp8Rows(*fp8_matmul.quantize_rows(y), y.dtype), down, down_bias)

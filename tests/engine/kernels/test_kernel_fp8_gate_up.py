@@ -58,14 +58,10 @@ def test_gpu_fp8_gate_up_act_is_the_unfused_path_bit_for_bit(cuda, activation, i
 
 
 @pytest.mark.gpu
-def test_gpu_a_shape_the_kernel_does_not_take_says_so_and_gated_mlp_goes_unfused(cuda):
+def test_gpu_a_shape_the_kernel_does_not_take_is_refused_with_the_reason(cuda):
     x = fresh((300, 256), cuda, seed=12)
-    gate_up, down = _gate_up(cuda, 1100, 256, seed=13), quantize_weight(fresh((256, 1100), cuda, seed=14, scale=0.02))
     with pytest.raises(ValueError, match="multiple of 8"):
-        fp8_gate_up_act(*quantize_rows(x), gate_up, "silu")
-    with ops.fp8_gate_ups("fused"):
-        assert torch.equal(ops.gated_mlp(x, gate_up, None, "silu", down, None),
-                           ops.gated_linear(fp8_linear(x, gate_up), "silu", down, None))
+        fp8_gate_up_act(*quantize_rows(x), _gate_up(cuda, 1100, 256, seed=13), "silu")
 
 
 @pytest.mark.gpu
