@@ -7,12 +7,15 @@
 
 Unfused, fp8_matmul writes gate_up [M, 2I] bf16 and gated_act_fp8 reads it back: 4I bytes
 written and 4I read per row. Here each program accumulates the gate tile (weight rows
-n .. n+BN) and the up tile (rows I+n .. I+n+BN) of the same columns side by side, rounds
-both to the output dtype (the values gate_up would hold in memory), and stores only
+n .. n+BN) and the up tile (rows I+n .. I+n+BN) of the same columns: one TMA box of a
+[2, I, K] view of the weight and one [BM, 2 BN] dot (ONE_DOT, the engine's launch; two dots
+wait on each other every K step and run 30% slower), the accumulator split in the epilogue.
+It rounds both to the output dtype (the values gate_up would hold in memory) and stores only
 act(gate) * up: 2I bytes written, then 2I read by quantize_rows. Every step is the unfused
 path's own maths on the same values (the K loop is fp8_matmul's, `gated_act._gated` is the
 activation kernel's, quantize_rows applies `store_row` as gated_act_fp8 does), so the fp8 rows
-are meant to be bit-identical to fp8_matmul then gated_act_fp8; the GPU test checks it.
+are bit-identical to fp8_matmul then gated_act_fp8 (tests/engine/kernels/test_kernel_fp8_gate_up.py;
+timings in benchmarks/gated_act_options.py).
 Fixed tiles, no split-K: a row's result depends on that row alone (batch invariant).
 `fp8_gate_up_act_reference` is the unfused maths in torch (fp8 emulation, any device).
 """
