@@ -20,8 +20,11 @@ def test_cpu_gated_mlp_is_linear_then_gated_linear():
     gate_up, down = _gate_up("cpu", 96, 256, seed=2), quantize_weight(fresh((256, 96), dtype=torch.float32, seed=3))
     want = ops.gated_linear(ops.linear(x, gate_up), "silu", down, None)
     assert torch.equal(ops.gated_mlp(x, gate_up, None, "silu", down, None), want)
-    assert torch.equal(fp8_gate_up_act_reference(x, gate_up, "silu"),
-                       ops.gated_activation(ops.linear(x, gate_up), "silu"))
+    exact = torch.nn.functional.silu(x @ gate_up.dequantize()[:96].t()) * (x @ gate_up.dequantize()[96:].t())
+    ref = fp8_gate_up_act_reference(x, gate_up, "silu")
+    assert (ref - exact).norm() / exact.norm() < 0.1  # e4m3 rows: a few % per element
+    swapped = torch.nn.functional.silu(x @ gate_up.dequantize()[96:].t()) * (x @ gate_up.dequantize()[:96].t())
+    assert (ref - swapped).norm() / swapped.norm() > 0.3  # gate rows first, then up
 
 
 def test_the_kernel_takes_an_intermediate_size_of_whole_16_byte_rows():
