@@ -9,7 +9,7 @@ Unfused, fp8_matmul writes gate_up [M, 2I] bf16 and gated_act_fp8 reads it back:
 written and 4I read per row. Here each program accumulates the gate tile (weight rows
 n .. n+BN) and the up tile (rows I+n .. I+n+BN) of the same columns: one TMA box of a
 [2, I, K] view of the weight and one [BM, 2 BN] dot (ONE_DOT, the engine's launch; two dots
-wait on each other every K step and run 30% slower), the accumulator split in the epilogue.
+run 30% slower: docs/performance.md), the accumulator split in the epilogue.
 It rounds both to the output dtype (the values gate_up would hold in memory) and stores only
 act(gate) * up: 2I bytes written, then 2I read by quantize_rows. Every step is the unfused
 path's own maths on the same values (the K loop is fp8_matmul's, `gated_act._gated` is the
